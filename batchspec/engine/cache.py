@@ -1,0 +1,112 @@
+"""KV state for a batch of rows that advance by different amounts each round.
+
+Cache invariant: every row shares one cache width S. Slot (b, c) holds a real token of row b iff
+mask[b, c] == 1; every other slot (left padding, draft tokens the target rejected) is garbage that
+attention never reads. Positions are passed explicitly (position_ids), so a hole does not shift
+the positions of the tokens after it. Example, k = 3, row 0 accepted 1 draft token, row 1 all 3:
+
+    columns appended this round:   pending d1 d2 d3
+    row 0 mask                      1      1  0  0     -> next_pos += 2
+    row 1 mask                      1      1  1  1     -> next_pos += 4
+
+Trailing columns that are holes in every row are cropped, so the cache grows by the batch's
+maximum accepted length per round, not by k + 1.
+
+Works with any HF causal LM that accepts a 2-D attention_mask with holes, position_ids and a
+croppable DynamicCache (Llama, Qwen2, Mistral without sliding window, GPT-2, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+
+@dataclass
+class KVState:
+    cache: DynamicCache  # mutated in place by the model's forward (HF API); everything else is replaced
+    mask: torch.Tensor  # [B, S] long, 1 = real token
+    next_pos: torch.Tensor  # [B] long, position id of the next token fed to the row
+
+
+def empty_state(batch: int, device: torch.device) -> KVState:
+    return KVState(
+        cache=DynamicCache(),
+        mask=torch.zeros(batch, 0, dtype=torch.long, device=device),
+        next_pos=torch.zeros(batch, dtype=torch.long, device=device),
+    )
+
+
+def forward(
+    model: torch.nn.Module,
+    state: KVState,
+    input_ids: torch.Tensor,  # [B, T]
+    input_mask: torch.Tensor,  # [B, T] 1 = real token, 0 = hole (only left of a row's real tokens)
+    last_only: bool = False,
+) -> tuple[torch.Tensor, KVState]:
+    """Append T columns to every row; return logits [B, T, V] (or [B, 1, V] if last_only)."""
+    positions = (state.next_pos[:, None] + input_mask.cumsum(1) - 1).clamp_min(0)  # [B, T]
+    mask = torch.cat([state.mask, input_mask], dim=1)  # [B, S + T]
+    out = model(
+        input_ids=input_ids,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=state.cache,
+        use_cache=True,
+        logits_to_keep=1 if last_only else 0,
+    )
+    return out.logits, KVState(state.cache, mask, state.next_pos + input_mask.sum(1))
+
+
+def rollback(state: KVState, keep: torch.Tensor) -> KVState:
+    """Turn the last T appended columns into holes where keep [B, T] is False, then crop.
+
+    keep must mark a prefix of each row's real tokens in those columns (verification keeps the
+    accepted prefix), so next_pos simply drops by the number of real tokens removed.
+    """
+    T = keep.shape[1]
+    tail = state.mask[:, -T:]
+    new_tail = tail * keep.long()
+    mask = torch.cat([state.mask[:, :-T], new_tail], dim=1)
+    next_pos = state.next_pos - (tail - new_tail).sum(1)
+    return crop_trailing(KVState(state.cache, mask, next_pos))
+
+
+def crop_trailing(state: KVState) -> KVState:
+    """Drop trailing columns that are holes in every row (their KV is garbage for all rows)."""
+    live = state.mask.any(dim=0)  # [S]
+    width = int(live.nonzero().max()) + 1 if bool(live.any()) else 0
+    drop = state.mask.shape[1] - width
+    if drop > 0:
+        state.cache.crop(-drop)
+        state = KVState(state.cache, state.mask[:, :width], state.next_pos)
+    return state
+
+
+def select_rows(state: KVState, keep_idx: torch.Tensor) -> KVState:
+    """Keep only the rows keep_idx [B'] (rows that finished leave the batch's work)."""
+    state.cache.batch_select_indices(keep_idx)
+    mask = state.mask[keep_idx]
+    # Columns that were only used by departed rows are now holes everywhere; drop leading ones too.
+    live = mask.any(dim=0)
+    first = int(live.nonzero().min()) if bool(live.any()) else 0
+    if first > 0:
+        for layer in state.cache.layers:
+            layer.keys = layer.keys[..., first:, :]
+            layer.values = layer.values[..., first:, :]
+        mask = mask[:, first:]
+    return crop_trailing(KVState(state.cache, mask, state.next_pos[keep_idx]))
+
+
+def left_pad(sequences: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists -> (ids [B, T], mask [B, T])."""
+    width = max((len(s) for s in sequences), default=0)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(sequences), width, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        if s:
+            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids.to(device), mask.to(device)

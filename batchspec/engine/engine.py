@@ -1,0 +1,151 @@
+"""Engine: a target model, an optional draft, and text in / completions out. Knows nothing of Ray.
+
+    engine = Engine.load("Qwen/Qwen2.5-0.5B-Instruct", DraftSpec(kind="quantized"))
+    out = engine.generate(engine.tokenize(["Summarize: ..."]), max_new_tokens=64, speculate=True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .drafts import ModelDraft, NgramDraft, check_tokenizers_compatible, layer_skip_view, quantized_copy
+from .generate import AdaptiveK, BatchResult, DraftLength, FixedK, GenerationConfig, RowStats, generate
+from .models import LoadedModel, ModelLoadError, context_length, eos_token_ids, load_model
+from .sampling import RowRandom, SamplingParams
+
+DRAFT_KINDS = ("model", "quantized", "layer_skip", "ngram", "none")
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    kind: str = "quantized"  # one of DRAFT_KINDS
+    path: str | None = None  # kind=model: hub id, local dir or s3:// prefix
+    bits: int = 8  # kind=quantized
+    layers: int | None = None  # kind=layer_skip; default: a quarter of the target's layers
+    max_ngram: int = 3  # kind=ngram: longest suffix looked up
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int]
+    stats: RowStats
+
+
+class Engine:
+    def __init__(self, target: LoadedModel, draft: DraftSpec, draft_module: torch.nn.Module | None = None,
+                 draft_source: str | None = None):
+        self.target = target
+        self.draft = draft
+        self.draft_module = draft_module
+        self.draft_source = draft_source or draft.kind
+        tok = target.tokenizer
+        self.device = next(target.model.parameters()).device
+        self.vocab_size = target.model.get_output_embeddings().weight.shape[0]
+        self.eos = eos_token_ids(target.model, tok)
+        self.max_context = context_length(target.model)
+        if draft.kind != "none":  # every draft kind leaves holes in the target cache
+            _refuse_sliding_window(target.model)
+
+    @classmethod
+    def load(cls, target: str, draft: DraftSpec = DraftSpec(), device: str = "auto", dtype: str = "auto",
+             trust_remote_code: bool = False, storage_options: dict | None = None) -> "Engine":
+        if draft.kind not in DRAFT_KINDS:
+            raise ModelLoadError(f"unknown draft kind {draft.kind!r}; choose one of {', '.join(DRAFT_KINDS)}")
+        loaded = load_model(target, device, dtype, trust_remote_code, storage_options)
+        module, source = None, None
+        if draft.kind == "model":
+            if not draft.path:
+                raise ModelLoadError("draft kind 'model' needs draft.path (hub id, local dir or s3:// prefix)")
+            d = load_model(draft.path, loaded.model.device, loaded.model.dtype, trust_remote_code, storage_options)
+            check_tokenizers_compatible(loaded.tokenizer, d.tokenizer, draft.path)
+            module, source = d.model, draft.path
+        elif draft.kind == "quantized":
+            module, source = quantized_copy(loaded.model, draft.bits), f"{target} (int{draft.bits})"
+        elif draft.kind == "layer_skip":
+            total = loaded.model.config.get_text_config().num_hidden_layers
+            n = draft.layers or max(1, total // 4)
+            module, source = layer_skip_view(loaded.model, n), f"{target} (first {n} of {total} layers)"
+        elif draft.kind == "ngram":
+            source = f"ngram (max {draft.max_ngram})"
+        return cls(loaded, draft, module, source)
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    def tokenize(self, prompts: list[str]) -> list[list[int]]:
+        return self.tokenizer(prompts, add_special_tokens=True)["input_ids"]
+
+    def new_proposer(self):
+        if self.draft.kind == "ngram":
+            return NgramDraft(self.draft.max_ngram)
+        if self.draft_module is None:
+            return None
+        return ModelDraft(self.draft_module, self.draft.kind, self.vocab_size, self.tokenizer.pad_token_id)
+
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        max_new_tokens: int = 256,
+        sampling: SamplingParams = SamplingParams(),
+        stop: tuple[str, ...] = (),
+        seeds: list[int] | None = None,
+        speculate: bool = True,
+        draft_length: DraftLength | int | None = None,
+    ) -> tuple[list[Completion], BatchResult]:
+        """Generate one batch. draft_length: an int (fixed k), a DraftLength rule, or None (adaptive)."""
+        config = GenerationConfig(max_new_tokens, sampling, self.eos, self.tokenizer.pad_token_id)
+        proposer = self.new_proposer() if speculate else None
+        if isinstance(draft_length, int):
+            draft_length = FixedK(draft_length)
+        elif draft_length is None:
+            draft_length = AdaptiveK()
+        randoms = [RowRandom(s) for s in seeds] if seeds is not None else None
+        if randoms is None and not sampling.greedy:
+            randoms = [RowRandom(i) for i in range(len(prompt_ids))]
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        result = generate(self.target.model, prompt_ids, config, proposer, draft_length, randoms,
+                          make_stop_check(self.tokenizer, stop), sync)
+        completions = [
+            Completion(self.decode(row.token_ids, row.stop_string), row.token_ids, row.stats) for row in result.rows
+        ]
+        return completions, result
+
+    def decode(self, token_ids: list[int], stop_string: str | None = None) -> str:
+        ids = token_ids[:-1] if token_ids and token_ids[-1] in self.eos else token_ids
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if stop_string is not None:
+            text = text[: text.find(stop_string)]  # the stop string itself is not part of the completion
+        return text
+
+
+def make_stop_check(tokenizer, stops: tuple[str, ...]):
+    """Completion ids -> the first stop string now present, or None.
+
+    Only the tail is decoded: a stop string of L characters (at most 4L UTF-8 bytes) spans at most
+    4L + 2 byte-level tokens, and any earlier occurrence would already have ended the row.
+    """
+    stops = tuple(s for s in stops if s)
+    if not stops:
+        return None
+    window = 4 * max(len(s) for s in stops) + 2
+
+    def check(ids: list[int]) -> str | None:
+        text = tokenizer.decode(ids[-window:], skip_special_tokens=True)
+        hits = [(text.find(s), s) for s in stops if s in text]
+        return min(hits)[1] if hits else None
+
+    return check
+
+
+def _refuse_sliding_window(model: torch.nn.Module) -> None:
+    cfg = model.config.get_text_config()
+    types = getattr(cfg, "layer_types", None) or []
+    if getattr(cfg, "use_sliding_window", False) or any("sliding" in t for t in types):
+        raise ModelLoadError(
+            "this target uses sliding-window attention, which the speculative KV rollback does not support yet; "
+            "use draft kind 'none' (plain decoding) for it"
+        )

@@ -1,0 +1,279 @@
+"""Batched generation: plain (autoregressive) and speculative, in one loop.
+
+A round feeds each row's pending token (the last emitted one, not yet in the target's cache)
+followed by up to k draft tokens, verifies the draft in that single target pass, and emits n + 1
+tokens per row (n accepted draft tokens, then the target's own). Plain decoding is the same round
+with k = 0, so both paths share prefill, stop rules, stats and batch bookkeeping, and greedy
+speculative output equals greedy plain output token for token (up to floating-point
+non-associativity of batched kernels; exact in fp32 on CPU, see docs/engine.md).
+
+    rows = generate(target_model, prompt_ids, GenerationConfig(max_new_tokens=64),
+                    proposer=NgramDraft(), draft_length=FixedK(4))
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+
+from . import cache as kv
+from .sampling import SAMPLE, RowRandom, SamplingParams, gather_uniforms, logits_to_probs, sample_from
+from .verify import greedy_verify, rejection_verify
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 256
+    sampling: SamplingParams = SamplingParams()
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int = 0
+
+
+@dataclass
+class RowStats:
+    """Raw per-row counters. Rates are derived in reports: acceptance_rate = accepted / draft_tokens;
+    mean acceptance length (tokens per target pass, counting the bonus token) = 1 + accepted / spec_rounds."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    draft_tokens: int = 0  # proposed by the draft for this row
+    accepted_tokens: int = 0  # of those, accepted by the target and emitted
+    spec_rounds: int = 0  # target passes in which this row verified at least one draft token
+    ttft_s: float = 0.0  # batch start -> first token of this row
+    latency_s: float = 0.0  # batch start -> this row finished
+    finish_reason: str = "length"  # stop | length
+
+
+@dataclass
+class RowOutput:
+    token_ids: list[int]  # generated ids, including a final EOS or the token completing a stop string
+    stats: RowStats
+    stop_string: str | None = None  # the stop string that ended the row, if any
+
+
+@dataclass
+class RoundTiming:
+    """One round of the batch, for cost calibration (policy) and the adaptive draft length."""
+
+    batch_size: int
+    k: int
+    draft_s: float
+    target_s: float
+    proposed: int
+    accepted: int
+
+
+@dataclass
+class BatchResult:
+    rows: list[RowOutput]
+    rounds: list[RoundTiming] = field(default_factory=list)
+    prefill_s: float = 0.0
+
+
+class Proposer(Protocol):
+    def prefill(self, prompts: list[list[int]], first_tokens: list[int], device) -> None: ...
+    def propose(self, k: int, lengths: torch.Tensor, params: SamplingParams, uniforms): ...
+    def accept(self, n_accepted: list[int], emitted: list[list[int]], proposed: bool) -> None: ...
+    def select(self, keep_idx: torch.Tensor) -> None: ...
+
+
+class DraftLength(Protocol):
+    """Chooses k for the next round and learns from each round's outcome."""
+
+    def next_k(self) -> int: ...
+    def observe(self, timing: RoundTiming) -> None: ...
+
+
+@dataclass
+class FixedK:
+    k: int
+
+    def next_k(self) -> int:
+        return self.k
+
+    def observe(self, timing: RoundTiming) -> None:
+        pass
+
+
+@dataclass
+class AdaptiveK:
+    """Default rule, in the spirit of transformers' assisted-generation heuristic but batch-aware:
+    grow k by one after a round where at least 90% of proposed tokens were accepted, shrink by one
+    when fewer than 50% were. Cheap, no calibration, and k settles near the length at which the
+    draft usually fails. (The per-shard policy can substitute a cost-model rule.)"""
+
+    k: int = 4
+    k_min: int = 1
+    k_max: int = 10
+
+    def next_k(self) -> int:
+        return self.k
+
+    def observe(self, timing: RoundTiming) -> None:
+        if timing.proposed == 0:
+            return
+        rate = timing.accepted / timing.proposed
+        if rate >= 0.9:
+            self.k = min(self.k + 1, self.k_max)
+        elif rate < 0.5:
+            self.k = max(self.k - 1, self.k_min)
+
+
+StopCheck = Callable[[list[int]], "str | None"]  # completion ids -> the stop string it now contains
+
+
+@torch.inference_mode()
+def generate(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    config: GenerationConfig,
+    proposer: Proposer | None = None,
+    draft_length: DraftLength | None = None,
+    randoms: list[RowRandom] | None = None,
+    stop_check: StopCheck | None = None,
+    synchronize: Callable[[], None] = lambda: None,
+) -> BatchResult:
+    """Generate for every prompt; speculative when a proposer is given, plain otherwise."""
+    device = next(model.parameters()).device
+    params = config.sampling
+    if not params.greedy and randoms is None:
+        raise ValueError("sampling needs one RowRandom per row (see sampling.row_seed)")
+    B = len(prompts)
+    start = time.perf_counter()
+    outputs = [RowOutput([], RowStats(prompt_tokens=len(p))) for p in prompts]
+    eos = set(config.eos_token_ids)
+
+    # 1. Prefill every prompt (left-padded) and decide each row's first token.
+    ids, mask = kv.left_pad(prompts, config.pad_token_id, device)
+    state = kv.empty_state(B, device)
+    logits, state = kv.forward(model, state, ids, mask, last_only=True)  # [B, 1, V]
+    if params.greedy:
+        first = logits[:, -1].argmax(-1)
+    else:
+        u = gather_uniforms(randoms, [0] * B, 1, device)  # [B, 1, 3]
+        first = sample_from(logits_to_probs(logits[:, -1], params), u[:, 0, SAMPLE])
+    synchronize()
+    prefill_s = time.perf_counter() - start
+    pending = first  # [B] emitted, not yet in the target's cache
+    active = list(range(B))  # batch slot -> output row
+    first_list = first.tolist()
+    done = [_emit(outputs[r], [t], eos, config.max_new_tokens, stop_check) for r, t in enumerate(first_list)]
+    now = time.perf_counter() - start
+    for o in outputs:
+        o.stats.ttft_s = now
+    if proposer is not None:
+        proposer.prefill(prompts, first_list, device)
+    rounds: list[RoundTiming] = []
+
+    while True:
+        # 2. Rows that finished leave the batch (target state, proposer, pending tokens).
+        keep = [i for i, r in enumerate(active) if not done[i]]
+        for i, r in enumerate(active):
+            if done[i]:
+                outputs[r].stats.latency_s = time.perf_counter() - start
+        if not keep:
+            break
+        if len(keep) < len(active):
+            keep_idx = torch.tensor(keep, device=device)
+            state = kv.select_rows(state, keep_idx)
+            pending = pending[keep_idx]
+            if proposer is not None:
+                proposer.select(keep_idx)
+            active = [active[i] for i in keep]
+        emitted_so_far = [len(outputs[r].token_ids) for r in active]
+
+        # 3. Draft: up to k tokens per row, never more than the row's remaining budget minus one
+        #    (the round always adds the target's own token after the accepted draft tokens).
+        k = draft_length.next_k() if (proposer is not None and draft_length is not None) else 0
+        budget = torch.tensor([config.max_new_tokens - e - 1 for e in emitted_so_far], device=device)
+        lengths = budget.clamp(min=0, max=k)
+        k = int(lengths.max()) if k > 0 else 0
+        uniforms = None
+        if not params.greedy:
+            uniforms = gather_uniforms([randoms[r] for r in active], emitted_so_far, k + 1, device)  # [B, k+1, 3]
+        t0 = time.perf_counter()
+        if k > 0:
+            proposal = proposer.propose(k, lengths, params, uniforms)
+            lengths = proposal.lengths
+            step_ids = torch.cat([pending[:, None], proposal.tokens], dim=1)  # [B, k+1]
+        else:
+            step_ids = pending[:, None]  # [B, 1]
+        synchronize()
+        t1 = time.perf_counter()
+
+        # 4. One target pass over pending + draft; verify.
+        logits, state = kv.forward(model, state, step_ids, torch.ones_like(step_ids))  # [B, k+1, V]
+        if k == 0:
+            n = torch.zeros(len(active), dtype=torch.long, device=device)
+            if params.greedy:
+                next_token = logits[:, -1].argmax(-1)
+            else:
+                next_token = sample_from(logits_to_probs(logits[:, -1], params), uniforms[:, 0, SAMPLE])
+        elif params.greedy:
+            n, next_token = greedy_verify(logits, proposal.tokens, lengths)
+        else:
+            target_probs = logits_to_probs(logits, params)  # [B, k+1, V]
+            n, next_token = rejection_verify(target_probs, proposal.draft_probs, proposal.tokens, lengths, uniforms)
+
+        # 5. Roll back rejected slots: keep pending and the accepted draft tokens (invariant in cache.py).
+        if k > 0:
+            keep_cols = torch.arange(k + 1, device=device)[None, :] <= n[:, None]  # [B, k+1]
+            state = kv.rollback(state, keep_cols)
+        synchronize()
+        t2 = time.perf_counter()
+
+        # 6. Emit n accepted draft tokens + the target's token per row, applying stop rules.
+        n_list, next_list = n.tolist(), next_token.tolist()
+        draft_list = proposal.tokens.tolist() if k > 0 else None
+        len_list = lengths.tolist()
+        emitted, done = [], []
+        round_proposed = round_accepted = 0
+        for i, r in enumerate(active):
+            new = (draft_list[i][: n_list[i]] if k > 0 else []) + [next_list[i]]
+            before = len(outputs[r].token_ids)
+            done.append(_emit(outputs[r], new, eos, config.max_new_tokens, stop_check))
+            emitted.append(new)
+            if k > 0 and len_list[i] > 0:
+                stats = outputs[r].stats
+                accepted = min(n_list[i], len(outputs[r].token_ids) - before)  # only tokens really emitted
+                stats.draft_tokens += len_list[i]
+                stats.accepted_tokens += accepted
+                stats.spec_rounds += 1
+                round_proposed += len_list[i]
+                round_accepted += accepted
+        if proposer is not None:
+            proposer.accept(n_list, emitted, proposed=k > 0)
+        pending = next_token
+        timing = RoundTiming(len(active), k, t1 - t0, t2 - t1, round_proposed, round_accepted)
+        rounds.append(timing)
+        if draft_length is not None and k > 0:
+            draft_length.observe(timing)
+
+    for o in outputs:
+        o.stats.completion_tokens = len(o.token_ids)
+    return BatchResult(outputs, rounds, prefill_s)
+
+
+def _emit(out: RowOutput, tokens: list[int], eos: set[int], max_new: int, stop_check: StopCheck | None) -> bool:
+    """Append tokens to a row in order, stopping at EOS, a stop string or max_new_tokens.
+
+    Tokens after the stop are dropped even if the target accepted them in this round. Returns
+    True when the row is finished.
+    """
+    for t in tokens:
+        out.token_ids.append(t)
+        if t in eos:
+            out.stats.finish_reason = "stop"
+            return True
+        if stop_check is not None:
+            hit = stop_check(out.token_ids)
+            if hit is not None:
+                out.stats.finish_reason, out.stop_string = "stop", hit
+                return True
+        if len(out.token_ids) >= max_new:
+            out.stats.finish_reason = "length"
+            return True
+    return False

@@ -1,0 +1,140 @@
+"""Load a target or draft model from a hub id, a local directory or an s3:// prefix.
+
+s3:// prefixes are copied once into a local cache (keyed by the URI) through fsspec; a file lock
+plus an atomic rename means two actors on one machine never see, or write, a half-copied model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("batchspec.engine")
+
+# Files a checkpoint needs; anything else under the prefix (optimizer states, logs) is skipped.
+_CHECKPOINT_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".txt", ".tiktoken", ".py", ".jinja", ".md")
+
+
+class ModelLoadError(RuntimeError):
+    """The model or tokenizer could not be loaded; the message says what to check."""
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object  # a transformers PreTrainedTokenizerBase
+    source: str  # what the user asked for (hub id, dir or s3 URI)
+    local_path: str  # where it was loaded from
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("BATCHSPEC_CACHE", Path.home() / ".cache" / "batchspec"))
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 on CUDA (where supported), fp32 on CPU (bf16 matmuls are slow on most CPUs)."""
+    if dtype == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32 if device.type == "cpu" else torch.float16
+    return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+
+
+def fetch_s3_prefix(uri: str, storage_options: dict | None = None) -> Path:
+    """Copy the checkpoint files under an s3:// prefix into the local cache; return the directory."""
+    import fsspec
+    from filelock import FileLock
+
+    key = hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:16]
+    dest = cache_root() / "models" / key
+    if (dest / ".complete").exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(dest) + ".lock"):
+        if (dest / ".complete").exists():  # another actor finished while we waited
+            return dest
+        fs, root = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+        files = [f for f in fs.find(root) if f.endswith(_CHECKPOINT_SUFFIXES)]
+        if not any(f.endswith("config.json") for f in files):
+            raise ModelLoadError(f"no config.json under {uri}: is this a Hugging Face checkpoint prefix?")
+        staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=key + ".tmp"))
+        for f in files:
+            rel = f[len(root.rstrip("/")) + 1:]
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(f, str(staging / rel))
+        (staging / ".complete").write_text(uri)
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(staging, dest)  # atomic on one filesystem: readers see all or nothing
+    log.info("fetched model %s into cache %s", uri, dest)
+    return dest
+
+
+def resolve_model_path(source: str, storage_options: dict | None = None) -> str:
+    """A local path for an s3:// prefix; local dirs and hub ids pass through unchanged."""
+    if source.startswith("s3://"):
+        return str(fetch_s3_prefix(source, storage_options))
+    return source
+
+
+def load_model(
+    source: str,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    trust_remote_code: bool = False,
+    storage_options: dict | None = None,
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer, in eval mode, on the requested device and dtype."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    dt = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, dev)
+    path = resolve_model_path(source, storage_options)
+    if not source.startswith("s3://") and "/" in source and not Path(source).exists() and source.startswith((".", "/")):
+        raise ModelLoadError(f"model directory {source} does not exist")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"could not load model {source!r}: {e}") from e
+    model.to(dev).eval()
+    if tokenizer.pad_token_id is None:
+        # Many base checkpoints ship no pad token; padding positions are masked anyway.
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return LoadedModel(model=model, tokenizer=tokenizer, source=source, local_path=str(path))
+
+
+def eos_token_ids(model: torch.nn.Module, tokenizer) -> tuple[int, ...]:
+    """Every token id that ends a row: the tokenizer's EOS plus the generation config's list."""
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(src, "eos_token_id", None) if src is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return tuple(sorted(ids))
+
+
+def context_length(model: torch.nn.Module) -> int:
+    cfg = model.config
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        if getattr(cfg, name, None):
+            return int(getattr(cfg, name))
+    return 2048

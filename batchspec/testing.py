@@ -1,0 +1,167 @@
+"""Tiny local models and a locally built tokenizer, for tests, benchmarks and the demo.
+
+Nothing here downloads anything: the tokenizer is a byte-level BPE trained on text generated
+below, and the models are random-weight Hugging Face checkpoints written with
+`save_pretrained`, so every consumer goes through the real `from_pretrained` loading path.
+
+    tok_dir = build_tokenizer(tmp / "tok")
+    target = build_model(tmp / "llama", family="llama", tokenizer_dir=tok_dir, seed=0)
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+# Words for the tokenizer's training text: legal-flavoured English plus digits and punctuation,
+# so the demo's contracts and the tests' prompts tokenize into a realistic number of tokens.
+_WORDS = (
+    "the of and to in a is that for on with as by this be are or at from an party parties "
+    "agreement lease tenant landlord premises rent term month year months years payment "
+    "shall will may not any all such other under herein thereof contract employee employer "
+    "salary notice days written confidential information disclose recipient discloser "
+    "borrower lender principal interest rate note promissory amount dollars state law "
+    "governed laws effective date between summary summarize company inc llc corp signed "
+    "section clause terminate termination renewal deposit security obligations remedies "
+    "january february march april may june july august september october november december "
+    "california texas new york delaware florida washington nevada oregon ohio illinois"
+).split()
+
+SPECIAL_TOKENS = {"pad": "<|pad|>", "bos": "<|bos|>", "eos": "<|eos|>"}
+
+# A minimal chat template so prompts given as chat messages can be rendered locally.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|bos|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|bos|>assistant\n{% endif %}"
+)
+
+
+def synthetic_text(n_lines: int, seed: int = 0) -> list[str]:
+    """Seeded pseudo-legal sentences with numbers, dates and punctuation."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n_lines):
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(6, 30))]
+        if rng.random() < 0.5:
+            words.insert(rng.randrange(len(words)), f"${rng.randint(1, 99999):,}")
+        if rng.random() < 0.3:
+            words.insert(rng.randrange(len(words)), f"{rng.randint(1, 28)}/{rng.randint(1, 12)}/20{rng.randint(10, 30)}")
+        lines.append(" ".join(words).capitalize() + rng.choice([".", ";", ":", "?"]))
+    return lines
+
+
+def build_tokenizer(out_dir: str | Path, vocab_size: int = 512, corpus: list[str] | None = None) -> Path:
+    """Train a byte-level BPE on local text and save it as a Hugging Face fast tokenizer.
+
+    Byte-level means any UTF-8 string encodes without an unknown token, as with GPT-2 or Llama 3.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    out_dir = Path(out_dir)
+    if (out_dir / "tokenizer.json").exists():
+        return out_dir
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS.values()),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus or synthetic_text(4000), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=SPECIAL_TOKENS["pad"],
+        bos_token=SPECIAL_TOKENS["bos"],
+        eos_token=SPECIAL_TOKENS["eos"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    # Left padding is what batched decoder-only generation needs; saved so every loader agrees.
+    fast.padding_side = "left"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(out_dir)
+    return out_dir
+
+
+# Shapes: "tiny" for unit tests (fast, about 0.2M parameters), "bench" for `batchspec bench`
+# (about 110M parameters: big enough that a decode step is bound by reading weights, as on a
+# real deployment, so speculation has something to save).
+SIZES = {
+    "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128),
+    "small": dict(hidden=128, layers=4, heads=4, kv_heads=2, ffn=384),
+    "bench": dict(hidden=768, layers=12, heads=12, kv_heads=4, ffn=2304),
+}
+
+
+def model_config(family: str, vocab_size: int, size: str = "tiny", max_positions: int = 1024, tokenizer=None):
+    """A transformers config for `family` ("llama", "gpt2" or "qwen2") at one of SIZES."""
+    from transformers import GPT2Config, LlamaConfig, Qwen2Config
+
+    s = SIZES[size]
+    ids = {}
+    if tokenizer is not None:
+        ids = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    if family == "gpt2":
+        return GPT2Config(
+            vocab_size=vocab_size, n_positions=max_positions, n_embd=s["hidden"], n_layer=s["layers"],
+            n_head=s["heads"], n_inner=s["ffn"], tie_word_embeddings=False, **ids,
+        )
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[family]
+    return cls(
+        vocab_size=vocab_size, hidden_size=s["hidden"], num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"], intermediate_size=s["ffn"],
+        max_position_embeddings=max_positions, tie_word_embeddings=False, **ids,
+    )
+
+
+def build_model(
+    out_dir: str | Path,
+    family: str = "llama",
+    tokenizer_dir: str | Path | None = None,
+    size: str = "tiny",
+    seed: int = 0,
+    init_std: float | None = None,
+) -> Path:
+    """Save a random-weight causal LM (plus its tokenizer) as a real HF checkpoint. Idempotent."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out_dir = Path(out_dir)
+    if (out_dir / "config.json").exists():
+        return out_dir
+    tok_dir = Path(tokenizer_dir) if tokenizer_dir else build_tokenizer(out_dir.parent / "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    config = model_config(family, len(tokenizer), size=size, tokenizer=tokenizer)
+    if init_std is not None:
+        config.initializer_range = init_std
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    if init_std is None:
+        _sharpen(model)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "README.md").write_text(
+        f"Random-weight {family} ({size}) built by batchspec.testing for tests; seed {seed}. "
+        "Its text is meaningless.\n"
+    )
+    (out_dir / "batchspec_model.json").write_text(json.dumps({"family": family, "size": size, "seed": seed}))
+    return out_dir
+
+
+def _sharpen(model) -> None:
+    """Scale the output head so the random model's next-token distribution is peaked.
+
+    With the default init (std 0.02) every logit is within ~0.1 of the others: the model is nearly
+    uniform, argmax is decided by tiny margins and sampling is close to uniform noise. Real LMs are
+    confident, so we scale the head to give top-1 margins of order one, which keeps greedy tests
+    meaningful (a float-rounding difference cannot flip them) and sampled text less uniform.
+    """
+    import torch
+
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        head.weight.mul_(25.0)
