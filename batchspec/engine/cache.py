@@ -18,6 +18,8 @@ croppable DynamicCache (Llama, Qwen2, Mistral without sliding window, GPT-2, ...
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -53,11 +55,21 @@ def forward(
         input_ids=input_ids,
         attention_mask=mask,
         position_ids=positions,
-        past_key_values=state.cache,
         use_cache=True,
         logits_to_keep=1 if last_only else 0,
+        **{_cache_kwarg(model): state.cache},
     )
     return out.logits, KVState(state.cache, mask, state.next_pos + input_mask.sum(1))
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg_for(cls: type) -> str:
+    # transformers 5.x is renaming `past_key_values` to `cache` model by model (GPT-2 first).
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    return _cache_kwarg_for(type(model))
 
 
 def rollback(state: KVState, keep: torch.Tensor) -> KVState:
