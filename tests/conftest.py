@@ -32,3 +32,88 @@ def prompts() -> list[str]:
 
     lines = synthetic_text(8, seed=7)
     return ["a"] + [line[: 10 + 17 * i] for i, line in enumerate(lines[1:])]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A real S3 endpoint on loopback: moto's server mode, as s3fs tests itself."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        os.environ.setdefault(k, v)
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture()
+def s3(s3_endpoint):
+    """(storage_options, fs, bucket URL) with a fresh bucket per test."""
+    import uuid
+
+    import s3fs
+
+    opts = {"endpoint_url": s3_endpoint, "key": "testing", "secret": "testing"}
+    fs = s3fs.S3FileSystem(**opts)
+    bucket = f"bs-{uuid.uuid4().hex[:10]}"
+    fs.mkdir(bucket)
+    return opts, fs, f"s3://{bucket}"
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for the whole session (starting Ray costs seconds)."""
+    import ray
+
+    from batchspec.runner.job import init_ray
+
+    init_ray(num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+def write_prompt_shards(write, n_shards: int, rows: int, prefix: str = "prompts", seed: int = 0) -> list[str]:
+    """Write n_shards Parquet files of synthetic prompts with ids through write(name, table)."""
+    import pyarrow as pa
+
+    from batchspec.testing import synthetic_text
+
+    names = []
+    for s in range(n_shards):
+        texts = synthetic_text(rows, seed=seed + s)
+        table = pa.table({"prompt": texts, "doc_id": [f"{prefix}{s}-{i}" for i in range(rows)]})
+        name = f"{prefix}-{s:04d}.parquet"
+        write(name, table)
+        names.append(name)
+    return names
+
+
+def local_writer(folder: Path):
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return lambda name, table, **kw: pq.write_table(table, folder / name, **kw)
+
+
+def s3_writer(fs, prefix: str):
+    import pyarrow.parquet as pq
+
+    def write(name, table, **kw):
+        with fs.open(f"{prefix}/{name}", "wb") as f:
+            pq.write_table(table, f, **kw)
+    return write

@@ -95,6 +95,7 @@ class Engine:
         seeds: list[int] | None = None,
         speculate: bool = True,
         draft_length: DraftLength | int | None = None,
+        max_new_per_row: list[int] | None = None,
     ) -> tuple[list[Completion], BatchResult]:
         """Generate one batch. draft_length: an int (fixed k), a DraftLength rule, or None (adaptive)."""
         config = GenerationConfig(max_new_tokens, sampling, self.eos, self.tokenizer.pad_token_id)
@@ -108,7 +109,7 @@ class Engine:
             randoms = [RowRandom(i) for i in range(len(prompt_ids))]
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         result = generate(self.target.model, prompt_ids, config, proposer, draft_length, randoms,
-                          make_stop_check(self.tokenizer, stop), sync)
+                          make_stop_check(self.tokenizer, stop), sync, max_new_per_row)
         completions = [
             Completion(self.decode(row.token_ids, row.stop_string), row.token_ids, row.stats) for row in result.rows
         ]
@@ -149,3 +150,69 @@ def _refuse_sliding_window(model: torch.nn.Module) -> None:
             "this target uses sliding-window attention, which the speculative KV rollback does not support yet; "
             "use draft kind 'none' (plain decoding) for it"
         )
+
+
+@torch.inference_mode()
+def measure_costs(engine: Engine, batch_size: int, ks: tuple[int, ...] = (1, 2, 4, 8), prompt_tokens: int = 64,
+                  repeats: int = 3) -> dict:
+    """Time the operations the policy's cost model needs, at this batch size, on this device.
+
+    Returns seconds: target_step_s (one plain decode step), draft_step_s, verify_s {k: one target
+    pass over k+1 tokens}, prefill_token_s and draft_prefill_token_s (per prompt token of the batch).
+    Each figure is the median of `repeats` runs after one warm-up, on random prompts.
+    """
+    from . import cache as kv
+    import statistics
+    import time
+
+    gen = torch.Generator().manual_seed(0)
+    low = 8 if engine.vocab_size > 64 else 0  # skip the special tokens at the start of small vocabularies
+    ids = torch.randint(low, engine.vocab_size, (batch_size, prompt_tokens), generator=gen).to(engine.device)
+    ones = torch.ones_like(ids)
+    sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
+
+    def timed(fn) -> float:
+        fn()  # warm-up
+        times = []
+        for _ in range(repeats):
+            sync()
+            t = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    def prefill(model):
+        state = kv.empty_state(batch_size, engine.device)
+        _, state = kv.forward(model, state, ids, ones, last_only=True)
+        return state
+
+    def step_cost(model, width: int) -> float:
+        state = prefill(model)
+        step = ids[:, :width]
+
+        def run():
+            _, s = kv.forward(model, state, step, torch.ones_like(step))
+            s.cache.crop(-width)  # restore the prefilled cache for the next repeat
+        return timed(run)
+
+    target = engine.target.model
+    out = {
+        "batch_size": batch_size,
+        "prefill_token_s": timed(lambda: prefill(target)) / prompt_tokens,
+        "target_step_s": step_cost(target, 1),
+        "verify_s": {k: step_cost(target, k + 1) for k in ks},
+        "draft_step_s": 0.0,
+        "draft_prefill_token_s": 0.0,
+    }
+    if engine.draft_module is not None:
+        out["draft_step_s"] = step_cost(engine.draft_module, 1)
+        out["draft_prefill_token_s"] = timed(lambda: prefill(engine.draft_module)) / prompt_tokens
+    elif engine.draft.kind == "ngram":
+        from .drafts import NgramDraft
+
+        lookup = NgramDraft(engine.draft.max_ngram)
+        lookup.prefill(ids.tolist(), [0] * batch_size, engine.device)
+        lengths = torch.full((batch_size,), 4)
+        out["draft_step_s"] = timed(lambda: lookup.propose(4, lengths, SamplingParams(), None)) / 4
+    return out

@@ -64,6 +64,7 @@ class RoundTiming:
     target_s: float
     proposed: int
     accepted: int
+    rejections: int = 0  # rows whose draft was cut short by a rejection (acceptance trials that failed)
 
 
 @dataclass
@@ -135,8 +136,13 @@ def generate(
     randoms: list[RowRandom] | None = None,
     stop_check: StopCheck | None = None,
     synchronize: Callable[[], None] = lambda: None,
+    max_new_per_row: list[int] | None = None,
 ) -> BatchResult:
-    """Generate for every prompt; speculative when a proposer is given, plain otherwise."""
+    """Generate for every prompt; speculative when a proposer is given, plain otherwise.
+
+    max_new_per_row caps rows individually (e.g. so a long prompt stays inside the context);
+    config.max_new_tokens applies to rows without their own cap.
+    """
     device = next(model.parameters()).device
     params = config.sampling
     if not params.greedy and randoms is None:
@@ -145,6 +151,7 @@ def generate(
     start = time.perf_counter()
     outputs = [RowOutput([], RowStats(prompt_tokens=len(p))) for p in prompts]
     eos = set(config.eos_token_ids)
+    row_max = list(max_new_per_row) if max_new_per_row is not None else [config.max_new_tokens] * B
 
     # 1. Prefill every prompt (left-padded) and decide each row's first token.
     ids, mask = kv.left_pad(prompts, config.pad_token_id, device)
@@ -160,7 +167,7 @@ def generate(
     pending = first  # [B] emitted, not yet in the target's cache
     active = list(range(B))  # batch slot -> output row
     first_list = first.tolist()
-    done = [_emit(outputs[r], [t], eos, config.max_new_tokens, stop_check) for r, t in enumerate(first_list)]
+    done = [_emit(outputs[r], [t], eos, row_max[r], stop_check) for r, t in enumerate(first_list)]
     now = time.perf_counter() - start
     for o in outputs:
         o.stats.ttft_s = now
@@ -188,7 +195,7 @@ def generate(
         # 3. Draft: up to k tokens per row, never more than the row's remaining budget minus one
         #    (the round always adds the target's own token after the accepted draft tokens).
         k = draft_length.next_k() if (proposer is not None and draft_length is not None) else 0
-        budget = torch.tensor([config.max_new_tokens - e - 1 for e in emitted_so_far], device=device)
+        budget = torch.tensor([row_max[r] - e - 1 for r, e in zip(active, emitted_so_far)], device=device)
         lengths = budget.clamp(min=0, max=k)
         k = int(lengths.max()) if k > 0 else 0
         uniforms = None
@@ -230,11 +237,11 @@ def generate(
         draft_list = proposal.tokens.tolist() if k > 0 else None
         len_list = lengths.tolist()
         emitted, done = [], []
-        round_proposed = round_accepted = 0
+        round_proposed = round_accepted = round_rejections = 0
         for i, r in enumerate(active):
             new = (draft_list[i][: n_list[i]] if k > 0 else []) + [next_list[i]]
             before = len(outputs[r].token_ids)
-            done.append(_emit(outputs[r], new, eos, config.max_new_tokens, stop_check))
+            done.append(_emit(outputs[r], new, eos, row_max[r], stop_check))
             emitted.append(new)
             if k > 0 and len_list[i] > 0:
                 stats = outputs[r].stats
@@ -244,10 +251,11 @@ def generate(
                 stats.spec_rounds += 1
                 round_proposed += len_list[i]
                 round_accepted += accepted
+                round_rejections += int(n_list[i] < len_list[i])
         if proposer is not None:
             proposer.accept(n_list, emitted, proposed=k > 0)
         pending = next_token
-        timing = RoundTiming(len(active), k, t1 - t0, t2 - t1, round_proposed, round_accepted)
+        timing = RoundTiming(len(active), k, t1 - t0, t2 - t1, round_proposed, round_accepted, round_rejections)
         rounds.append(timing)
         if draft_length is not None and k > 0:
             draft_length.observe(timing)

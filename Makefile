@@ -1,0 +1,36 @@
+# The two entry points (README): `make demo` and `make test`. Both work on a fresh machine with
+# only Python 3.11 and pip; the virtual environment is created on first use.
+PY      ?= python3.11
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: demo test test-fast venv bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH (or: make PY=python3 ...)"; exit 1; }
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch first, pinned exactly: a looser request would pull a multi-GB CUDA build.
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m batchspec.demo.setup
+	$(BIN)/batchspec submit jobs/summarize_legal.yaml
+	$(BIN)/python -m batchspec.demo.show out/summarize_legal
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -ra
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+bench: $(STAMP)
+	$(BIN)/batchspec bench --out bench.json
+
+clean:
+	rm -rf out build .pytest_cache

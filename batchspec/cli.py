@@ -1,0 +1,199 @@
+"""batchspec command line. Thin commands over library functions; heavy imports stay inside them,
+so `batchspec --help` loads neither torch nor Ray."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import List, Optional
+
+import typer
+
+app = typer.Typer(
+    help="Offline batch LLM generation over Parquet shards, with per-shard speculative decoding.\n\n"
+    "Example: batchspec submit jobs/summarize_legal.yaml --set generation.max_new_tokens=64",
+    no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+)
+
+SET_HELP = "Override a spec key, e.g. --set generation.max_new_tokens=64 (repeatable)."
+EXIT_FAILED_SHARDS, EXIT_USAGE = 1, 2
+
+
+def _die(msg: str, code: int = EXIT_USAGE) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+def _load(job: str, overrides: list[str]):
+    from .spec import SpecError, load_spec
+
+    try:
+        return load_spec(job, overrides)
+    except SpecError as e:
+        _die(str(e))
+
+
+def _options(pairs: list[str]) -> dict:
+    from .spec import parse_overrides
+
+    return parse_overrides(pairs)
+
+
+def _run(job: str, overrides: list[str], address: Optional[str], force: bool, quiet: bool, log_format: str,
+         require_existing: bool) -> None:
+    from .runner.job import JobRefused, submit
+    from .runner.logs import configure
+    from .runner.plan import PlanError
+    from .runner.progress import Progress
+
+    configure(log_format, "WARNING" if quiet else "INFO")
+    spec = _load(job, overrides)
+    if require_existing:
+        from .runner.store import OutputStore
+
+        if OutputStore(spec.output.path, spec.output.storage_options).read_job() is None:
+            _die(f"nothing to rerun at {spec.output.path} (no _batchspec/job.json); use `batchspec submit {job}`")
+    progress = Progress(enabled=not quiet and log_format == "text")
+    try:
+        with progress:
+            result = submit(spec, address=address, force=force, on_shard=progress.shard_done, on_plan=progress.planned)
+    except (JobRefused, PlanError) as e:
+        _die(str(e))
+    progress.summary(result)
+    if not result.ok:
+        typer.echo(f"{len(result.failed)} shard(s) failed: {', '.join(sorted(result.failed))}. Fix the cause, then "
+                   f"`batchspec rerun {job}` redoes only the shards that are not done.", err=True)
+        raise typer.Exit(EXIT_FAILED_SHARDS)
+
+
+@app.command()
+def submit(
+    job: str = typer.Argument(..., help="Job spec YAML, e.g. jobs/summarize_legal.yaml"),
+    set_: List[str] = typer.Option([], "--set", help=SET_HELP),
+    address: Optional[str] = typer.Option(None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)."),
+    force: bool = typer.Option(False, help="Proceed even if the output holds a different spec or stale shards."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display; warnings and errors only."),
+    log_format: str = typer.Option("text", help="text, or json (one record per line, for pipelines)."),
+) -> None:
+    """Run a job: every shard not yet committed at the output.
+
+    Example: batchspec submit jobs/summarize_legal.yaml --set resources.actors=2
+    Exit code 0 when every shard is committed, 1 when some failed (rerun them), 2 on a usage error.
+    """
+    _run(job, set_, address, force, quiet, log_format, require_existing=False)
+
+
+@app.command()
+def rerun(
+    job: str = typer.Argument(..., help="The job spec the output was written with."),
+    set_: List[str] = typer.Option([], "--set", help=SET_HELP),
+    address: Optional[str] = typer.Option(None, help="Ray cluster address."),
+    force: bool = typer.Option(False, help="Allow a changed spec or changed inputs (stale shards are regenerated)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    log_format: str = typer.Option("text", help="text or json."),
+) -> None:
+    """Redo only the shards that are not done (failed, missing, or never started).
+
+    Example: batchspec rerun jobs/summarize_legal.yaml
+    Refused when the spec changed, or when the input of a committed shard changed, unless --force.
+    """
+    _run(job, set_, address, force, quiet, log_format, require_existing=True)
+
+
+@app.command()
+def status(
+    output: str = typer.Argument(..., help="Output path of a job (local or s3://)."),
+    storage_option: List[str] = typer.Option([], "--storage-option", help="fsspec option, e.g. endpoint_url=http://..."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Shards done, failed and pending, with rows and error rows.
+
+    Example: batchspec status out/summarize_legal
+    """
+    from .runner.job import status as job_status
+
+    try:
+        st = job_status(output, _options(storage_option))
+    except FileNotFoundError as e:
+        _die(str(e))
+    if as_json:
+        typer.echo(json.dumps(st, indent=2))
+    else:
+        from .runner.progress import print_status
+
+        print_status(st)
+    raise typer.Exit(0 if st["success"] else EXIT_FAILED_SHARDS)
+
+
+@app.command()
+def validate(
+    job: str = typer.Argument(..., help="Job spec YAML."),
+    set_: List[str] = typer.Option([], "--set", help=SET_HELP),
+    skip_model: bool = typer.Option(False, help="Do not resolve the target and draft models."),
+) -> None:
+    """Check a job without generating: spec, shards, input columns and types, models, output path.
+
+    Example: batchspec validate jobs/summarize_legal.yaml
+    """
+    from .runner.validate import validate_job
+
+    v = validate_job(_load(job, set_), check_model=not skip_model)
+    typer.echo(f"{len(v.shards)} shard(s):")
+    for s in v.shards[:50]:
+        typer.echo(f"  {s.shard:<32} rows {s.rows if s.row_end >= 0 else '?':>8}  {s.path}")
+    if len(v.shards) > 50:
+        typer.echo(f"  ... and {len(v.shards) - 50} more")
+    for n in v.notes:
+        typer.echo(f"note: {n}")
+    for p in v.problems:
+        typer.echo(f"problem: {p}", err=True)
+    if not v.ok:
+        raise typer.Exit(EXIT_USAGE)
+    typer.echo("ok")
+
+
+@app.command()
+def bench(
+    quick: bool = typer.Option(False, help="Tiny pair, few tokens: a smoke test of the benchmark itself."),
+    target: Optional[str] = typer.Option(None, help="Target checkpoint (default: a locally built ~110M Llama)."),
+    draft: str = typer.Option("quantized", help="Draft kind: quantized, model, layer_skip or ngram."),
+    draft_path: Optional[str] = typer.Option(None, help="Draft checkpoint for --draft model."),
+    batch_sizes: str = typer.Option("1,4,16", help="Comma-separated batch sizes."),
+    max_new_tokens: int = typer.Option(64, help="Tokens generated per row."),
+    repeats: int = typer.Option(2, help="Interleaved repetitions per configuration."),
+    show_policy: bool = typer.Option(False, "--policy", help="Also print the policy's cost-model figures."),
+    out: str = typer.Option("bench.json", help="Where to write the JSON results."),
+) -> None:
+    """Measure a target/draft pair on this machine against plain decoding and transformers.
+
+    Example: batchspec bench --batch-sizes 1,4 --out bench.json
+    """
+    from .bench import BenchConfig, run_bench
+
+    cfg = BenchConfig(quick=quick, target=target, draft=draft, draft_path=draft_path,
+                      batch_sizes=[int(b) for b in batch_sizes.split(",")], max_new_tokens=max_new_tokens,
+                      repeats=repeats, show_policy=show_policy, out=out)
+    run_bench(cfg, echo=typer.echo)
+
+
+@app.command()
+def schema(out_dir: str = typer.Option("schemas", help="Directory to write the schemas to.")) -> None:
+    """Write the job-spec JSON Schema and the output Parquet schema (schemas/ in the repo).
+
+    Example: batchspec schema --out-dir schemas
+    """
+    from .schemas import write_schemas
+
+    for path in write_schemas(out_dir):
+        typer.echo(f"wrote {path}")
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

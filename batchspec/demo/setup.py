@@ -1,0 +1,54 @@
+"""Prepare the demo: input shards of synthetic contracts, and the demo model if it is missing.
+
+    python -m batchspec.demo.setup            # idempotent; `make demo` runs it first
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .corpus import examples
+
+DATA_DIR = Path("jobs/data/legal")
+MODEL_DIR = Path("build/demo-models")
+SHARDS, ROWS_PER_SHARD = 4, 24
+
+
+def write_shards(out: Path = DATA_DIR, shards: int = SHARDS, rows: int = ROWS_PER_SHARD) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for s in range(shards):
+        ex = examples("demo", rows, offset=s * rows)
+        table = pa.table({"doc_id": [e["doc_id"] for e in ex], "kind": [e["kind"] for e in ex],
+                          "contract": [e["contract"] for e in ex], "reference": [e["summary"] for e in ex]})
+        path = out / f"prompts-{s:04d}.parquet"
+        pq.write_table(table, path)
+        paths.append(path)
+    return paths
+
+
+def build_demo_model(root: Path = MODEL_DIR) -> Path:
+    """A small random-weight Llama with a tokenizer trained on the contract corpus (cached)."""
+    from ..testing import build_model, build_tokenizer
+
+    corpus = [e["prompt"] + " " + e["summary"] for e in examples("train", 3000)]
+    tok = build_tokenizer(root / "tokenizer", vocab_size=1024, corpus=corpus)
+    return build_model(root / "legal-small", "llama", tok, size="small", seed=0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--data-only", action="store_true", help="write the input shards only")
+    args = ap.parse_args()
+    for p in write_shards():
+        print(f"input shard {p}")
+    if not args.data_only:
+        print(f"demo model {build_demo_model()}")
+
+
+if __name__ == "__main__":
+    main()

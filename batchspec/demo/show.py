@@ -1,0 +1,25 @@
+"""Print a few demo completions next to their contracts, and where the output is."""
+
+from __future__ import annotations
+
+import sys
+
+import polars as pl
+
+
+def main(output: str = "out/summarize_legal", data: str = "jobs/data/legal", n: int = 3) -> None:
+    parts = pl.read_parquet(f"{output}/part-*.parquet")
+    inputs = pl.read_parquet(f"{data}/*.parquet")
+    joined = parts.join(inputs, left_on="id", right_on="doc_id").sort("id").head(n)
+    for row in joined.iter_rows(named=True):
+        print(f"--- {row['id']} ({row['kind']})\ncontract:   {row['contract'][:160]}...\nreference:  {row['reference']}"
+              f"\ncompletion: {row['completion']!r}\n")
+    spec_rows = parts.filter(pl.col("spec_enabled"))
+    acc = (spec_rows["accepted_tokens"].sum() / spec_rows["draft_tokens"].sum()) if spec_rows.height else None
+    print(f"{parts.height} rows in {output}/part-*.parquet; {spec_rows.height} with speculation on"
+          + (f", acceptance {acc:.2f}" if acc is not None else ""))
+    print(f"status: batchspec status {output}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,223 @@
+"""The driver: plan, check what is already done, run the rest on Ray Data, commit the job.
+
+    result = submit(load_spec("jobs/summarize_legal.yaml"))
+    result.failed  # shard ids that failed; rerun() redoes only shards not done
+
+Rerun rules (DESIGN.md): a shard is done when its manifest says so and names a part with its
+input's row count. A run against an output written by a different spec, or whose done shards'
+inputs changed since, is refused unless force=True: the committed parts would be stale.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..spec import JobSpec
+from .logs import log_event
+from .plan import Shard, input_fingerprint, plan_shards
+from .store import OutputStore
+from .worker import now_iso
+
+log = logging.getLogger("batchspec.job")
+
+
+class JobRefused(RuntimeError):
+    """The run would mix outputs of different specs or inputs (or overlap input and output)."""
+
+
+@dataclass
+class JobResult:
+    job_id: str
+    output: str
+    shards: int
+    done: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # shard -> error
+    skipped: list[str] = field(default_factory=list)  # already done before this run
+    rows: int = 0
+    error_rows: int = 0
+    completion_tokens: int = 0
+    accepted_tokens: int = 0
+    draft_tokens: int = 0
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.wall_s if self.wall_s else 0.0
+
+
+def is_committed(manifest: dict | None, shard: Shard, store: OutputStore) -> bool:
+    """The manifest says done and its part exists (whatever the input looks like now)."""
+    if not manifest or manifest.get("status") != "done" or manifest.get("part") != store.part_name(shard.shard):
+        return False
+    return store.part_info(shard.shard) is not None
+
+
+def shard_is_done(manifest: dict | None, shard: Shard, store: OutputStore) -> bool:
+    """Committed, with as many rows as the shard's input has now."""
+    return is_committed(manifest, shard, store) and manifest.get("rows_out") == shard.rows
+
+
+def check_paths(spec: JobSpec) -> None:
+    inp, out = spec.input.path.rstrip("/*"), spec.output.path.rstrip("/")
+    if out == inp or out.startswith(inp.rstrip("/") + "/"):
+        raise JobRefused(f"output {spec.output.path} is inside the input {spec.input.path}; parts would be read as input")
+
+
+def prepare(spec: JobSpec, force: bool = False) -> tuple[OutputStore, list[Shard], list[Shard], dict]:
+    """(store, all shards, shards to run, manifests); raises JobRefused on a stale output."""
+    check_paths(spec)
+    store = OutputStore(spec.output.path, spec.output.storage_options)
+    shards = plan_shards(spec.input.path, spec.input.storage_options, spec.input.max_rows_per_shard)
+    manifests = store.manifests()
+    job = store.read_job()
+    if job and not force:
+        if job.get("spec_hash") != spec.output_hash():
+            raise JobRefused(
+                f"{spec.output.path} holds output of a different spec (spec hash {job.get('spec_hash', '?')[:12]} vs "
+                f"{spec.output_hash()[:12]}); use a new output path, or --force to overwrite shard by shard")
+        changed = [s.shard for s in shards if is_committed(manifests.get(s.shard), s, store)
+                   and manifests[s.shard].get("input") != s.fingerprint]
+        if changed:
+            raise JobRefused(
+                f"input changed for {len(changed)} committed shard(s) ({', '.join(changed[:5])}); their output would be "
+                "stale. Use --force to regenerate them")
+    todo = [s for s in shards if force and _stale(manifests.get(s.shard), s, spec)
+            or not shard_is_done(manifests.get(s.shard), s, store)]
+    return store, shards, todo, manifests
+
+
+def _stale(manifest: dict | None, shard: Shard, spec: JobSpec) -> bool:
+    return not manifest or manifest.get("input") != shard.fingerprint or manifest.get("spec_hash") != spec.output_hash()
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    env = {"env_vars": {k: os.environ[k] for k in ("BATCHSPEC_LOG_FORMAT", "BATCHSPEC_CACHE", "HF_HUB_OFFLINE")
+                        if k in os.environ}}
+    if address:
+        ray.init(address=address, runtime_env=env, log_to_driver=True)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=True)
+
+
+def submit(spec: JobSpec, address: str | None = None, force: bool = False,
+           on_shard: Callable[[dict], None] | None = None, on_plan: Callable[[list[Shard], list[Shard]], None] | None = None,
+           ) -> JobResult:
+    """Run every shard that is not done; commit manifests, job.json and, when all are done, _SUCCESS."""
+    import ray
+    import ray.data
+
+    t0 = time.perf_counter()
+    store, shards, todo, manifests = prepare(spec, force)
+    job_id = f"{spec.name}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    result = JobResult(job_id, spec.output.path, len(shards), skipped=[s.shard for s in shards if s not in todo])
+    if on_plan:
+        on_plan(shards, todo)
+    store.clear_success()
+    store.write_job(_job_record(spec, job_id, shards, store.read_job(), status="running"))
+    log_event(log, "job started", job=job_id, shards=len(shards), todo=len(todo), output=spec.output.path)
+
+    if todo:
+        init_ray(address)
+        from .worker import ShardWorker
+
+        ctx = ray.data.DataContext.get_current()
+        ctx.enable_progress_bars = False  # batchspec draws its own progress (shards, rows, tokens/s)
+        res = spec.resources
+        threads = int(res.cpus_per_actor) if res.gpus_per_actor == 0 else 0
+        ds = ray.data.from_items([{"shard": json.dumps(s.to_json())} for s in todo], override_num_blocks=len(todo))
+        ds = ds.map_batches(
+            ShardWorker, batch_size=1, compute=ray.data.ActorPoolStrategy(size=min(res.actors, len(todo))),
+            num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor or None,
+            fn_constructor_kwargs={"spec_json": spec.model_dump_json(), "job_id": job_id, "threads": threads},
+        )
+        for row in ds.iter_rows():
+            manifest = json.loads(row["summary"])
+            if on_shard:
+                on_shard(manifest)
+
+    # Manifests are the truth: re-read them rather than trusting what came back through Ray.
+    manifests = store.manifests()
+    for s in shards:
+        m = manifests.get(s.shard)
+        if shard_is_done(m, s, store):
+            if s.shard not in result.skipped:
+                result.done.append(s.shard)
+            result.rows += m["rows_out"]
+            result.error_rows += m.get("error_rows", 0)
+            if s.shard not in result.skipped:
+                tok = m.get("tokens", {})
+                result.completion_tokens += tok.get("completion_tokens", 0)
+                result.accepted_tokens += tok.get("accepted_tokens", 0)
+                result.draft_tokens += tok.get("draft_tokens", 0)
+        else:
+            result.failed[s.shard] = (m or {}).get("error", "no manifest written (the worker did not finish)")
+    result.wall_s = time.perf_counter() - t0
+    status = "succeeded" if result.ok else "failed"
+    store.write_job(_job_record(spec, job_id, shards, store.read_job(), status=status, result=result))
+    if result.ok:
+        store.mark_success({"job_id": job_id, "shards": len(shards), "rows": result.rows, "finished_at": now_iso()})
+    log_event(log, f"job {status}", job=job_id, done=len(result.done), failed=len(result.failed),
+              skipped=len(result.skipped), seconds=round(result.wall_s, 1))
+    return result
+
+
+def _job_record(spec: JobSpec, job_id: str, shards: list[Shard], previous: dict | None, status: str,
+                result: JobResult | None = None) -> dict:
+    import importlib.metadata as md
+
+    runs = list((previous or {}).get("runs", []))
+    if result is None:
+        runs.append({"job_id": job_id, "started_at": now_iso(), "status": status})
+    else:
+        runs[-1].update({"status": status, "finished_at": now_iso(), "done": len(result.done),
+                         "failed": sorted(result.failed), "skipped": len(result.skipped), "wall_s": result.wall_s})
+    versions = {}
+    for pkg in ("batchspec", "torch", "transformers", "ray", "pyarrow"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return {
+        "name": spec.name, "job_id": job_id, "status": status, "spec": spec.masked(), "spec_hash": spec.output_hash(),
+        "input_fingerprint": input_fingerprint(shards), "shards": [s.shard for s in shards],
+        "versions": versions, "python": platform.python_version(), "runs": runs,
+        "created_at": (previous or {}).get("created_at", now_iso()), "updated_at": now_iso(),
+    }
+
+
+def status(output: str, storage_options: dict | None = None) -> dict:
+    """Shards done, failed and pending, with rows and errors, from the manifests alone."""
+    store = OutputStore(output, storage_options)
+    job = store.read_job()
+    if job is None:
+        raise FileNotFoundError(f"no batchspec job at {output} (missing _batchspec/job.json)")
+    manifests = store.manifests()
+    rows = []
+    for shard in job.get("shards", []):
+        m = manifests.get(shard)
+        state = "pending" if m is None else m.get("status", "pending")
+        if state == "done" and store.part_info(shard) is None:
+            state = "pending"  # manifest without its part: not done
+        rows.append({"shard": shard, "status": state, "rows": (m or {}).get("rows_out"),
+                     "error_rows": (m or {}).get("error_rows", 0), "attempts": (m or {}).get("attempts", 0),
+                     "error": (m or {}).get("error")})
+    counts = {k: sum(r["status"] == k for r in rows) for k in ("done", "failed", "pending")}
+    return {"name": job.get("name"), "job_status": job.get("status"), "success": store.has_success(),
+            "shards": rows, **counts, "rows": sum(r["rows"] or 0 for r in rows if r["status"] == "done"),
+            "error_rows": sum(r["error_rows"] for r in rows if r["status"] == "done")}

@@ -1,0 +1,80 @@
+"""What `submit` and `status` show a person: progress of shards and rows, tokens/s, acceptance."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+console = Console(stderr=True)
+
+
+class Progress:
+    """Shard-level progress with running totals; a no-op when disabled (--quiet, JSON logs)."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled and sys.stderr.isatty()  # a live bar only on a terminal; plain lines otherwise
+        self.printing = enabled
+        self.rows = self.tokens = self.accepted = self.drafted = self.failed = 0
+        self.t0 = time.perf_counter()
+        self._bar = None
+        self._task = None
+
+    def __enter__(self):
+        if self.enabled:
+            self._bar = RichProgress(TextColumn("[bold]shards"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("{task.fields[stats]}"), TimeRemainingColumn(), console=console)
+            self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+
+    def planned(self, shards, todo) -> None:
+        self.t0 = time.perf_counter()
+        if self.printing:
+            console.print(f"{len(shards)} shard(s), {len(todo)} to run, {len(shards) - len(todo)} already done")
+        if self._bar is not None:
+            self._task = self._bar.add_task("shards", total=len(todo), stats="")
+
+    def shard_done(self, m: dict) -> None:
+        tok = m.get("tokens") or {}
+        self.rows += m.get("rows_out") or 0
+        self.tokens += tok.get("completion_tokens", 0)
+        self.accepted += tok.get("accepted_tokens", 0)
+        self.drafted += tok.get("draft_tokens", 0)
+        self.failed += m.get("status") != "done"
+        rate = self.tokens / max(time.perf_counter() - self.t0, 1e-9)
+        acc = f"{self.accepted / self.drafted:.2f}" if self.drafted else "-"
+        stats = f"rows {self.rows}  {rate:.0f} tok/s  acceptance {acc}  failed {self.failed}"
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, stats=stats)
+        elif self.printing:
+            state = m.get("status")
+            console.print(f"shard {m['shard']}: {state}" + (f" ({m.get('error')})" if state != "done" else "")
+                          + f" | {stats}")
+
+    def summary(self, result) -> None:
+        if not self.printing:
+            return
+        acc = f"{result.accepted_tokens / result.draft_tokens:.2f}" if result.draft_tokens else "n/a (speculation off)"
+        console.print(
+            f"{'done' if result.ok else 'FAILED'}: {len(result.done)} shard(s) run, {len(result.skipped)} already done, "
+            f"{len(result.failed)} failed | {result.rows} rows ({result.error_rows} error rows) | "
+            f"{result.completion_tokens} tokens in {result.wall_s:.1f}s ({result.tokens_per_s:.0f} tok/s) | "
+            f"acceptance {acc}\noutput: {result.output}")
+
+
+def print_status(st: dict) -> None:
+    table = Table(title=f"{st['name']}: {st['done']} done, {st['failed']} failed, {st['pending']} pending"
+                        f"{' (complete)' if st['success'] else ''}")
+    for col in ("shard", "status", "rows", "error rows", "attempts", "error"):
+        table.add_column(col)
+    for r in st["shards"]:
+        table.add_row(r["shard"], r["status"], str(r["rows"] or ""), str(r["error_rows"]), str(r["attempts"]),
+                      (r["error"] or "")[:80])
+    Console().print(table)

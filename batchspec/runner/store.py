@@ -1,0 +1,174 @@
+"""The output store: part files and manifests under one output path, local or s3://.
+
+    <output>/part-<shard>.parquet              one per committed shard, never partial
+    <output>/_batchspec/job.json               spec snapshot (secrets masked), hashes, versions
+    <output>/_batchspec/shards/<shard>.json    status, attempts, rows, errors, policy, timings
+    <output>/_batchspec/_SUCCESS               written last, when every shard is committed
+
+Every write is staged in a local temporary file and then published with one upload (S3 PUT, which
+is atomic per object) or one rename (local). fsspec closes, and so publishes, a file even when the
+code writing it raised, so nothing is ever streamed straight to its final key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA_VERSION = 1
+
+# Output row, schema v1 (also schemas/output-v1.schema.json; a test keeps both in sync).
+OUTPUT_SCHEMA = pa.schema([
+    pa.field("id", pa.string(), nullable=False),
+    pa.field("shard", pa.string(), nullable=False),
+    pa.field("row_index", pa.int64(), nullable=False),
+    pa.field("completion", pa.string()),  # null for error rows
+    pa.field("finish_reason", pa.string(), nullable=False),  # stop | length | error
+    pa.field("error", pa.string()),  # why the row is an error row, else null
+    pa.field("prompt_tokens", pa.int32(), nullable=False),
+    pa.field("completion_tokens", pa.int32(), nullable=False),
+    pa.field("spec_enabled", pa.bool_(), nullable=False),
+    pa.field("draft_kind", pa.string()),  # null when speculation is off for the row
+    pa.field("num_speculative_tokens", pa.int32()),  # k the shard's policy chose; null when off
+    pa.field("draft_tokens", pa.int32(), nullable=False),  # proposed
+    pa.field("accepted_tokens", pa.int32(), nullable=False),
+    pa.field("spec_rounds", pa.int32(), nullable=False),
+    pa.field("acceptance_rate", pa.float64()),  # accepted / draft tokens; null when off
+    pa.field("ttft_s", pa.float64(), nullable=False),
+    pa.field("latency_s", pa.float64(), nullable=False),
+    pa.field("batch_size", pa.int32(), nullable=False),
+    pa.field("attempt", pa.int32(), nullable=False),
+    pa.field("worker", pa.string(), nullable=False),
+    pa.field("target_model", pa.string(), nullable=False),
+    pa.field("draft_model", pa.string()),
+    pa.field("prompt_sha256", pa.string()),  # null when the prompt could not be read
+], metadata={"batchspec.schema_version": str(SCHEMA_VERSION)})
+
+
+def output_schema_json() -> dict:
+    """OUTPUT_SCHEMA as a small JSON document (what schemas/output-v1.schema.json holds)."""
+    return {
+        "title": "batchspec output row",
+        "version": SCHEMA_VERSION,
+        "columns": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in OUTPUT_SCHEMA],
+    }
+
+
+def safe_name(name: str) -> str:
+    """Shard ids become file names: only [A-Za-z0-9._-], never '..', so none escapes the output dir."""
+    cleaned = "".join(c if (c.isalnum() or c in "._-") else "_" for c in name).strip("._") or "shard"
+    return cleaned.replace("..", "_")
+
+
+class OutputStore:
+    def __init__(self, path: str, storage_options: dict | None = None):
+        self.url = path.rstrip("/")
+        self.fs, self.root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        self.root = self.root.rstrip("/")
+        self.is_local = "file" in _protocols(self.fs)
+
+    # paths -----------------------------------------------------------------------------------
+    def part_name(self, shard: str) -> str:
+        return f"part-{safe_name(shard)}.parquet"
+
+    def part_path(self, shard: str) -> str:
+        return f"{self.root}/{self.part_name(shard)}"
+
+    def meta_path(self, *parts: str) -> str:
+        return "/".join([self.root, "_batchspec", *parts])
+
+    def manifest_path(self, shard: str) -> str:
+        return self.meta_path("shards", f"{safe_name(shard)}.json")
+
+    # writes ----------------------------------------------------------------------------------
+    def _publish(self, local_file: str, dest: str) -> None:
+        """One upload or one rename: the destination appears whole or not at all."""
+        parent = dest.rsplit("/", 1)[0]
+        if self.is_local:
+            os.makedirs(parent, exist_ok=True)
+            staged = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
+            self.fs.put_file(local_file, staged)
+            os.replace(staged, dest)
+        else:
+            self.fs.put_file(local_file, dest)
+            self.fs.invalidate_cache(parent)
+
+    def write_part(self, shard: str, table: pa.Table) -> dict:
+        with tempfile.TemporaryDirectory(prefix="batchspec-part-") as tmp:
+            local = os.path.join(tmp, "part.parquet")
+            pq.write_table(table, local, compression="zstd")
+            size = os.path.getsize(local)
+            self._publish(local, self.part_path(shard))
+        return {"part": self.part_name(shard), "rows": table.num_rows, "bytes": size}
+
+    def write_json(self, dest: str, obj: Any) -> None:
+        with tempfile.TemporaryDirectory(prefix="batchspec-meta-") as tmp:
+            local = os.path.join(tmp, "obj.json")
+            with open(local, "w") as f:
+                json.dump(obj, f, indent=2, sort_keys=True, default=str)
+            self._publish(local, dest)
+
+    def write_manifest(self, shard: str, manifest: dict) -> None:
+        self.write_json(self.manifest_path(shard), manifest)
+
+    def write_job(self, job: dict) -> None:
+        self.write_json(self.meta_path("job.json"), job)
+
+    def mark_success(self, summary: dict) -> None:
+        self.write_json(self.meta_path("_SUCCESS"), summary)
+
+    def clear_success(self) -> None:
+        path = self.meta_path("_SUCCESS")
+        if self.fs.exists(path):
+            self.fs.rm(path)
+
+    # reads -----------------------------------------------------------------------------------
+    def read_json(self, path: str) -> dict | None:
+        try:
+            with self.fs.open(path, "r") as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+
+    def read_job(self) -> dict | None:
+        return self.read_json(self.meta_path("job.json"))
+
+    def has_success(self) -> bool:
+        return self.fs.exists(self.meta_path("_SUCCESS"))
+
+    def manifests(self) -> dict[str, dict]:
+        """Every shard manifest, keyed by shard id."""
+        folder = self.meta_path("shards")
+        self.fs.invalidate_cache(folder)
+        try:
+            paths = [p for p in self.fs.ls(folder, detail=False) if p.endswith(".json")]
+        except FileNotFoundError:
+            return {}
+        out = {}
+        for p in paths:
+            m = self.read_json(p)
+            if m and "shard" in m:
+                out[m["shard"]] = m
+        return out
+
+    def part_info(self, shard: str) -> dict | None:
+        try:
+            return self.fs.info(self.part_path(shard))
+        except FileNotFoundError:
+            return None
+
+    def read_part(self, shard: str) -> pa.Table:
+        with self.fs.open(self.part_path(shard), "rb") as f:
+            return pq.read_table(f)
+
+
+def _protocols(fs) -> tuple:
+    p = fs.protocol
+    return p if isinstance(p, tuple) else (p,)

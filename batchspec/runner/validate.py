@@ -1,0 +1,110 @@
+"""`batchspec validate`: check a job without generating anything.
+
+Checks the spec (already parsed by the caller), lists the shards, checks each input file's columns
+and their types, resolves the target and draft (config + tokenizer, no weights), and checks the
+output path against the input and against an existing job there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..spec import JobSpec
+from .plan import PlanError, Shard, plan_shards
+
+
+@dataclass
+class Validation:
+    shards: list[Shard] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _column_problem(field_type, fmt: str) -> str | None:
+    import pyarrow as pa
+
+    if fmt == "chat":
+        return None if pa.types.is_list(field_type) or pa.types.is_large_list(field_type) else \
+            f"is {field_type}, but format: chat needs a list of {{role, content}} structs"
+    if pa.types.is_string(field_type) or pa.types.is_large_string(field_type) or pa.types.is_binary(field_type) \
+            or pa.types.is_large_binary(field_type) or pa.types.is_null(field_type):
+        return None
+    return f"is {field_type}, not text (string)"
+
+
+def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
+    import fsspec
+    import pyarrow.parquet as pq
+
+    from .job import JobRefused, check_paths, prepare
+    from .worker import needed_columns
+
+    v = Validation()
+    try:
+        check_paths(spec)
+    except JobRefused as e:
+        v.problems.append(str(e))
+    try:
+        v.shards = plan_shards(spec.input.path, spec.input.storage_options, spec.input.max_rows_per_shard)
+    except PlanError as e:
+        v.problems.append(str(e))
+    schemas: dict[str, list] = {}
+    for s in v.shards:
+        if s.plan_error:
+            v.problems.append(f"shard {s.shard}: {s.plan_error}")
+            continue
+        if s.path in schemas:
+            continue
+        fs, path = fsspec.core.url_to_fs(s.path, **spec.input.storage_options)
+        with fs.open(path, "rb") as fh:
+            schema = pq.ParquetFile(fh).schema_arrow
+        schemas[s.path] = schema
+        for col in needed_columns(spec):
+            if col not in schema.names:
+                v.problems.append(f"{s.path}: missing column '{col}' (columns: {', '.join(schema.names)})")
+        if spec.input.prompt_column in schema.names:
+            bad = _column_problem(schema.field(spec.input.prompt_column).type, spec.input.format)
+            if bad:
+                v.problems.append(f"{s.path}: prompt column '{spec.input.prompt_column}' {bad}")
+    distinct = {tuple(sorted(zip(sc.names, map(str, sc.types)))) for sc in schemas.values()}
+    if len(distinct) > 1:
+        v.notes.append(f"input files have {len(distinct)} different schemas; only the job's columns are read")
+    if check_model:
+        v.problems.extend(resolve_models(spec))
+    if not v.problems:
+        try:
+            _, _, todo, _ = prepare(spec)
+            v.notes.append(f"{len(todo)} of {len(v.shards)} shard(s) to run at {spec.output.path}")
+        except JobRefused as e:
+            v.problems.append(str(e))
+        except Exception as e:  # output store unreachable
+            v.problems.append(f"output {spec.output.path}: {type(e).__name__}: {e}")
+    return v
+
+
+def resolve_models(spec: JobSpec) -> list[str]:
+    """Load configs and tokenizers (no weights) of the target and a model draft; list problems."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from ..engine.drafts import check_tokenizers_compatible
+    from ..engine.models import ModelLoadError, resolve_model_path
+
+    m, problems, toks = spec.model, [], {}
+    sources = [("target", m.target)] + ([("draft", m.draft.path)] if m.draft.kind == "model" else [])
+    for role, source in sources:
+        try:
+            path = resolve_model_path(source, m.storage_options)
+            AutoConfig.from_pretrained(path, trust_remote_code=m.trust_remote_code)
+            toks[role] = AutoTokenizer.from_pretrained(path, trust_remote_code=m.trust_remote_code)
+        except Exception as e:
+            problems.append(f"{role} model {source!r} cannot be resolved: {type(e).__name__}: {str(e).splitlines()[0]}")
+    if len(toks) == 2:
+        try:
+            check_tokenizers_compatible(toks["target"], toks["draft"], m.draft.path)
+        except ModelLoadError as e:
+            problems.append(str(e))
+    return problems

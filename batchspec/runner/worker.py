@@ -1,0 +1,320 @@
+"""Generate one shard: read, validate, profile, decide, generate in micro-batches, commit.
+
+`process_shard` is a plain function (tests call it without Ray); `ShardWorker` is the thin Ray
+Data actor around it that loads the engine once and handles one shard descriptor per call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+import string
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..policy import Costs, CostModelK, Decision, LengthProfile, Policy
+from ..spec import JobSpec
+from .plan import Shard
+from .logs import log_event
+from .store import OUTPUT_SCHEMA, OutputStore
+
+log = logging.getLogger("batchspec.worker")
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def prompt_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass
+class RowInput:
+    row_index: int
+    id: str
+    prompt: str | None  # None for error rows
+    error: str | None = None
+    token_ids: list[int] = field(default_factory=list)
+
+
+class ShardReadError(RuntimeError):
+    """The shard's file cannot be read or lacks a required column: the shard fails, alone."""
+
+
+def read_shard(shard: Shard, spec: JobSpec) -> pa.Table:
+    """The shard's rows (only the columns the job needs), read with pyarrow through fsspec."""
+    import fsspec
+
+    if shard.plan_error:
+        raise ShardReadError(f"{shard.path}: {shard.plan_error}")
+    columns = needed_columns(spec)
+    try:
+        fs, path = fsspec.core.url_to_fs(shard.path, **spec.input.storage_options)
+        with fs.open(path, "rb") as fh:
+            pf = pq.ParquetFile(fh)
+            names = pf.schema_arrow.names
+            missing = [c for c in columns if c not in names]
+            if missing:
+                raise ShardReadError(f"{shard.path}: missing column(s) {missing}; the file has {names}")
+            groups, first_row, cursor = [], None, 0
+            for g in range(pf.metadata.num_row_groups):
+                n = pf.metadata.row_group(g).num_rows
+                if cursor + n > shard.row_start and cursor < shard.row_end:
+                    groups.append(g)
+                    first_row = cursor if first_row is None else first_row
+                cursor += n
+            table = pf.read_row_groups(groups, columns=columns) if groups else pf.schema_arrow.empty_table().select(columns)
+    except ShardReadError:
+        raise
+    except Exception as e:
+        raise ShardReadError(f"{shard.path}: cannot read Parquet: {type(e).__name__}: {e}") from e
+    if groups:
+        table = table.slice(shard.row_start - first_row, shard.rows)
+    return table
+
+
+def needed_columns(spec: JobSpec) -> list[str]:
+    cols = [spec.input.prompt_column]
+    if spec.input.id_column:
+        cols.append(spec.input.id_column)
+    if spec.input.template:
+        for _, name, _, _ in string.Formatter().parse(spec.input.template):
+            if name and name not in cols:
+                cols.append(name)
+    return cols
+
+
+def validate_rows(table: pa.Table, shard: Shard, spec: JobSpec, tokenizer) -> list[RowInput]:
+    """Turn each input row into a prompt or an error row; never raises for row-level problems."""
+    inp = spec.input
+    records = table.to_pylist()
+    rows: list[RowInput] = []
+    seen: dict[str, int] = {}
+    for i, rec in enumerate(records):
+        row_index = shard.row_start + i
+        raw_id = rec.get(inp.id_column) if inp.id_column else f"{shard.shard}:{row_index}"
+        row_id = str(raw_id) if raw_id is not None else f"{shard.shard}:{row_index}"
+        prompt, error = _prompt_of(rec, spec, tokenizer)
+        if inp.id_column and raw_id is None:
+            error = error or f"null id in column '{inp.id_column}'"
+        if row_id in seen:
+            error = f"duplicate id {row_id!r} (first at row {seen[row_id]})"
+            row_id = f"{row_id}#dup{row_index}"  # keep ids unique in the output; the error says why
+        else:
+            seen[row_id] = row_index
+        rows.append(RowInput(row_index, row_id, None if error else prompt, error))
+    return rows
+
+
+def _prompt_of(rec: dict, spec: JobSpec, tokenizer) -> tuple[str | None, str | None]:
+    value = rec.get(spec.input.prompt_column)
+    if value is None:
+        return None, "null prompt"
+    if spec.input.format == "chat":
+        if not isinstance(value, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
+            return None, "chat prompt must be a list of {role, content} messages"
+        if not value:
+            return None, "empty chat prompt"
+        try:
+            value = tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=True)
+        except Exception as e:
+            return None, f"chat template failed: {type(e).__name__}: {e}"
+    elif isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return None, f"prompt is not valid UTF-8 (byte {e.start})"
+    elif not isinstance(value, str):
+        return None, f"prompt is {type(value).__name__}, not text"
+    if not value.strip():
+        return None, "empty prompt"
+    if spec.input.template:
+        try:
+            fields = {k: ("" if v is None else v) for k, v in rec.items()}
+            fields[spec.input.prompt_column] = value
+            value = spec.input.template.format(**fields)
+        except (KeyError, IndexError, ValueError) as e:
+            return None, f"prompt template failed: {e}"
+    return value, None
+
+
+class ShardRunner:
+    """Everything an actor keeps between shards: engine, policy (with its acceptance prior), store."""
+
+    def __init__(self, spec: JobSpec, job_id: str, engine=None, calibrate: bool = True):
+        from ..engine import DraftSpec, Engine
+        from ..engine.engine import measure_costs
+
+        self.spec, self.job_id = spec, job_id
+        m = spec.model
+        self.engine = engine or Engine.load(
+            m.target, DraftSpec(m.draft.kind, m.draft.path, m.draft.bits, m.draft.layers, m.draft.max_ngram),
+            device=m.device, dtype=m.dtype, trust_remote_code=m.trust_remote_code, storage_options=m.storage_options,
+        )
+        self.store = OutputStore(spec.output.path, spec.output.storage_options)
+        sp = spec.speculation
+        mode = "off" if m.draft.kind == "none" else sp.mode
+        self.policy = Policy(mode, k_default=sp.num_speculative_tokens, k_max=max(8, sp.num_speculative_tokens))
+        if mode == "auto" and calibrate:
+            c = measure_costs(self.engine, spec.resources.batch_size)
+            self.policy.calibrate(Costs(**c))
+        self.worker = f"{socket.gethostname()}:{os.getpid()}"
+
+    def draft_length(self, k: int):
+        from ..engine import FixedK
+
+        if self.spec.speculation.adaptive and self.policy.costs is not None:
+            return CostModelK(self.policy, k)
+        if self.spec.speculation.adaptive:
+            from ..engine import AdaptiveK
+
+            return AdaptiveK(k=k)
+        return FixedK(k)
+
+    def run(self, shard: Shard) -> dict:
+        """Process one shard and commit it; returns the shard manifest (also written to the store)."""
+        started, t0 = now_iso(), time.perf_counter()
+        previous = self.store.read_json(self.store.manifest_path(shard.shard)) or {}
+        attempt = int(previous.get("attempts", 0)) + 1
+        base = {"shard": shard.shard, "job_id": self.job_id, "input": shard.fingerprint, "path": shard.path,
+                "row_start": shard.row_start, "row_end": shard.row_end, "attempts": attempt, "worker": self.worker,
+                "spec_hash": self.spec.output_hash(), "started_at": started}
+        try:
+            table = read_shard(shard, self.spec)
+        except ShardReadError as e:
+            log_event(log, f"shard failed: {e}", logging.WARNING, job=self.job_id, shard=shard.shard)
+            manifest = {**base, "status": "failed", "error": str(e), "rows_in": None, "finished_at": now_iso()}
+            self.store.write_manifest(shard.shard, manifest)
+            return manifest
+        t_read = time.perf_counter() - t0
+        rows_out, decisions, gen_s = self.generate_rows(shard, table, attempt)
+        t1 = time.perf_counter()
+        part = self.store.write_part(shard.shard, pa.Table.from_pylist(rows_out, schema=OUTPUT_SCHEMA))
+        t_write = time.perf_counter() - t1
+        tokens = {key: sum(r[key] for r in rows_out) for key in
+                  ("prompt_tokens", "completion_tokens", "draft_tokens", "accepted_tokens", "spec_rounds")}
+        manifest = {
+            **base, "status": "done", "rows_in": table.num_rows, "rows_out": part["rows"], "part": part["part"],
+            "part_bytes": part["bytes"], "error_rows": sum(r["finish_reason"] == "error" for r in rows_out),
+            "error_kinds": _count_errors(rows_out), "tokens": tokens, "decisions": [d.to_json() for d in decisions],
+            "timings": {"read_s": t_read, "generate_s": gen_s, "write_s": t_write, "total_s": time.perf_counter() - t0},
+            "costs": self.policy.costs.__dict__ if self.policy.costs else None, "finished_at": now_iso(),
+        }
+        self.store.write_manifest(shard.shard, manifest)
+        log_event(log, "shard done", job=self.job_id, shard=shard.shard, rows=manifest["rows_out"],
+                  error_rows=manifest["error_rows"], completion_tokens=tokens["completion_tokens"],
+                  seconds=round(manifest["timings"]["total_s"], 2))
+        for r in rows_out_errors(rows_out):
+            log_event(log, f"error row: {r['error']}", logging.WARNING, job=self.job_id, shard=shard.shard,
+                      row=r["id"], prompt_sha256=r["prompt_sha256"])
+        return manifest
+
+    def generate_rows(self, shard: Shard, table: pa.Table, attempt: int) -> tuple[list[dict], list[Decision], float]:
+        from ..engine import SamplingParams, row_seed
+
+        spec, engine = self.spec, self.engine
+        gen = spec.generation
+        rows = validate_rows(table, shard, spec, engine.tokenizer)
+        valid = [r for r in rows if r.error is None]
+        for r, ids in zip(valid, engine.tokenize([r.prompt for r in valid]) if valid else []):
+            r.token_ids = ids
+            if len(ids) >= engine.max_context:
+                r.error = f"prompt has {len(ids)} tokens; the model's context is {engine.max_context}"
+        valid = sorted((r for r in rows if r.error is None), key=lambda r: len(r.token_ids))  # less padding
+        profile = LengthProfile([len(r.token_ids) for r in valid], self.policy.expected_new_tokens(gen.max_new_tokens))
+        decision = self.policy.decide(profile, None)
+        decisions = [decision]
+        sampling = SamplingParams(gen.temperature, gen.top_k, gen.top_p)
+        results: dict[int, tuple] = {}
+        bs, off_batches, t0 = spec.resources.batch_size, 0, time.perf_counter()
+        for start in range(0, len(valid), bs):
+            batch = valid[start:start + bs]
+            rule = self.draft_length(decision.k) if decision.speculate else None
+            outs, res = engine.generate(
+                [r.token_ids for r in batch], gen.max_new_tokens, sampling, tuple(gen.stop),
+                seeds=[row_seed(gen.seed, r.id) for r in batch], speculate=decision.speculate, draft_length=rule,
+                max_new_per_row=[min(gen.max_new_tokens, engine.max_context - len(r.token_ids)) for r in batch],
+            )
+            if not isinstance(rule, CostModelK):  # CostModelK already fed every round to the policy
+                for t in res.rounds:
+                    self.policy.observe_round(t.k, t.draft_s, t.target_s, t.accepted, t.rejections)
+            self.policy.observe_rows([o.stats.completion_tokens for o in outs])
+            for r, o in zip(batch, outs):
+                results[r.row_index] = (o, decision, len(batch))
+            # Re-decide with what this micro-batch taught us (acceptance, costs, output lengths).
+            off_batches = 0 if decision.speculate else off_batches + 1
+            done_rows = start + len(batch)
+            if done_rows < len(valid):
+                profile.expected_new_tokens = self.policy.expected_new_tokens(gen.max_new_tokens)
+                nxt = self.policy.decide(profile, decision.speculate, off_batches, at_row=done_rows)
+                if nxt.speculate != decision.speculate or nxt.k != decision.k or "probe" in decision.reason:
+                    decisions.append(nxt)
+                    log_event(log, f"policy: {nxt.reason}", job=self.job_id, shard=shard.shard, at_row=done_rows)
+                decision = nxt
+        gen_s = time.perf_counter() - t0
+        return [self._row(shard, r, results.get(r.row_index), attempt) for r in rows], decisions, gen_s
+
+    def _row(self, shard: Shard, r: RowInput, result, attempt: int) -> dict:
+        e = self.engine
+        base = {"id": r.id, "shard": shard.shard, "row_index": r.row_index, "attempt": attempt, "worker": self.worker,
+                "target_model": e.target.source, "prompt_sha256": prompt_hash(r.prompt) if r.prompt else None,
+                "prompt_tokens": len(r.token_ids)}
+        if result is None:
+            return {**base, "completion": None, "finish_reason": "error", "error": r.error, "completion_tokens": 0,
+                    "spec_enabled": False, "draft_kind": None, "num_speculative_tokens": None, "draft_tokens": 0,
+                    "accepted_tokens": 0, "spec_rounds": 0, "acceptance_rate": None, "ttft_s": 0.0, "latency_s": 0.0,
+                    "batch_size": 0, "draft_model": None}
+        out, decision, batch_size = result
+        s = out.stats
+        on = decision.speculate
+        return {**base, "completion": out.text, "finish_reason": s.finish_reason, "error": None,
+                "completion_tokens": s.completion_tokens, "spec_enabled": on, "draft_kind": e.draft.kind if on else None,
+                "num_speculative_tokens": decision.k if on else None, "draft_tokens": s.draft_tokens,
+                "accepted_tokens": s.accepted_tokens, "spec_rounds": s.spec_rounds,
+                "acceptance_rate": (s.accepted_tokens / s.draft_tokens) if on and s.draft_tokens else None,
+                "ttft_s": s.ttft_s, "latency_s": s.latency_s, "batch_size": batch_size,
+                "draft_model": e.draft_source if on else None}
+
+
+def rows_out_errors(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r["finish_reason"] == "error"]
+
+
+def _count_errors(rows: list[dict]) -> dict:
+    counts: dict[str, int] = {}
+    for r in rows:
+        if r["finish_reason"] == "error":
+            kind = r["error"].split(" (")[0].split(";")[0]
+            kind = "duplicate id" if kind.startswith("duplicate id") else kind
+            kind = "prompt too long" if kind.startswith("prompt has") else kind
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+class ShardWorker:
+    """Ray Data actor: one engine per actor; each call handles a batch of shard descriptors."""
+
+    def __init__(self, spec_json: str, job_id: str, threads: int = 0):
+        from .logs import configure_worker_logging
+
+        configure_worker_logging()
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        self.runner = ShardRunner(JobSpec.model_validate_json(spec_json), job_id)
+
+    def __call__(self, batch: dict) -> dict:
+        summaries = []
+        for shard_json in batch["shard"]:
+            shard = Shard.from_json(json.loads(shard_json))
+            summaries.append(json.dumps(self.runner.run(shard), default=str))
+        return {"summary": summaries}

@@ -1,0 +1,29 @@
+"""The files in schemas/: generated from the code, and kept in sync by a test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+JOB_SPEC_FILE = "job-spec.schema.json"
+OUTPUT_FILE = "output-v1.schema.json"
+
+
+def rendered() -> dict[str, str]:
+    from .runner.store import output_schema_json
+    from .spec import json_schema
+
+    return {
+        JOB_SPEC_FILE: json.dumps(json_schema(), indent=2, sort_keys=True) + "\n",
+        OUTPUT_FILE: json.dumps(output_schema_json(), indent=2) + "\n",
+    }
+
+
+def write_schemas(out_dir: str | Path) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in rendered().items():
+        (out / name).write_text(text)
+        paths.append(out / name)
+    return paths

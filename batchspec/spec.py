@@ -1,0 +1,229 @@
+"""The job spec: a YAML file validated by pydantic, overridable from the command line.
+
+    spec = load_spec("jobs/summarize_legal.yaml", ["generation.max_new_tokens=64"])
+
+Unknown keys are refused with a "did you mean" suggestion. schemas/job-spec.schema.json is
+generated from these models (`batchspec schema`), and a test keeps the two in sync.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputSpec(_Strict):
+    path: str = Field(description="Parquet input: a file, a directory or prefix, or a glob; local or s3://.")
+    prompt_column: str = Field("prompt", description="Column holding the prompt (text, or chat messages if format is chat).")
+    id_column: str | None = Field(None, description='Column with a unique row id; default id is "<shard>:<row_index>".')
+    format: Literal["text", "chat"] = Field(
+        "text", description="text: the column is a string. chat: a list of {role, content} rendered with the model's chat template.")
+    template: str | None = Field(
+        None, description='Optional prompt template with {column} placeholders, e.g. "Summarize this contract:\\n{prompt}".')
+    max_rows_per_shard: int | None = Field(
+        None, ge=1, description="Split files with more rows into row-group slices of at most this many rows (one shard each).")
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="fsspec options, e.g. {endpoint_url: http://minio:9000} for a non-AWS S3.")
+
+
+class OutputSpec(_Strict):
+    path: str = Field(description="Output directory or s3:// prefix: part files plus _batchspec/ manifests.")
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for the output store.")
+
+
+class DraftSpecModel(_Strict):
+    kind: Literal["quantized", "model", "layer_skip", "ngram", "none"] = Field(
+        "quantized", description="quantized copy of the target, separate model, layer_skip self-draft, ngram prompt lookup, or none.")
+    path: str | None = Field(None, description="kind=model: draft checkpoint (hub id, local dir or s3:// prefix); must share the target's tokenizer.")
+    bits: Literal[4, 8] = Field(8, description="kind=quantized: weight bits (8 on CPU; 8 or 4 on CUDA with torchao).")
+    layers: int | None = Field(None, ge=1, description="kind=layer_skip: how many of the target's first layers the draft runs (default a quarter).")
+    max_ngram: int = Field(3, ge=1, description="kind=ngram: longest suffix matched against the prompt and output so far.")
+
+    @model_validator(mode="after")
+    def _model_needs_path(self):
+        if self.kind == "model" and not self.path:
+            raise ValueError("draft kind 'model' needs draft.path")
+        return self
+
+
+class ModelSpec(_Strict):
+    target: str = Field(description="Target model: Hugging Face hub id, local directory, or s3:// prefix.")
+    draft: DraftSpecModel = Field(default_factory=DraftSpecModel, description="The draft that proposes tokens.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto = bfloat16 on CUDA, float32 on CPU.")
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N. auto = CUDA when the actor has a GPU.")
+    trust_remote_code: bool = Field(False, description="Run model code shipped with the checkpoint. Off unless you trust it.")
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for s3:// model prefixes.")
+
+
+class GenerationSpec(_Strict):
+    max_new_tokens: int = Field(256, ge=1, description="Most tokens generated per row (a row also stops at EOS or a stop string).")
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy (speculative output identical to plain decoding).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling; 1 = off.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling; 0 = off.")
+    stop: list[str] = Field(default_factory=list, description="Stop strings; the completion ends before the first one.")
+    seed: int = Field(0, description="Job seed; each row's sampler is seeded from it and the row id, so reruns reproduce.")
+
+
+class SpeculationSpec(_Strict):
+    mode: Literal["auto", "on", "off"] = Field(
+        "auto", description="auto: decide per shard from measured costs and acceptance. on: always. off: never.")
+    num_speculative_tokens: int = Field(4, ge=1, le=16, description="Draft length k (the start value when adaptive).")
+    adaptive: bool = Field(True, description="Adapt k per round from the observed acceptance (else k is fixed).")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, v):
+        # YAML 1.1 reads a bare `on` / `off` as true / false; accept what the user meant.
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
+
+class ResourcesSpec(_Strict):
+    actors: int = Field(1, ge=1, description="Generation actors (each loads the target and draft once).")
+    gpus_per_actor: float = Field(0, ge=0, description="GPUs per actor; 0 = CPU actors.")
+    cpus_per_actor: float = Field(1, gt=0, description="CPUs reserved per actor.")
+    batch_size: int = Field(8, ge=1, description="Rows per micro-batch inside a shard.")
+
+
+class CostSpec(_Strict):
+    gpu_hour_usd: float = Field(2.0, ge=0, description="Price of one actor-hour (a GPU-hour on GPU actors), for reports.")
+
+
+class JobSpec(_Strict):
+    name: str = Field(description="Job name, shown in logs and manifests.")
+    input: InputSpec
+    output: OutputSpec
+    model: ModelSpec
+    generation: GenerationSpec = Field(default_factory=GenerationSpec)
+    speculation: SpeculationSpec = Field(default_factory=SpeculationSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    cost: CostSpec = Field(default_factory=CostSpec)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_simple(cls, v: str) -> str:
+        if not v or any(c in v for c in "/\\\n"):
+            raise ValueError("name must be non-empty and contain no slashes or newlines")
+        return v
+
+    def output_hash(self) -> str:
+        """Hash of everything that changes what the rows contain. Resources, cost and storage
+        options (credentials, endpoints) are left out: more actors or a new endpoint do not make
+        committed output stale."""
+        data = self.model_dump(mode="json", exclude={"resources": True, "cost": True, "name": True})
+        data["input"].pop("storage_options", None)
+        data["output"].pop("storage_options", None)
+        data["model"].pop("storage_options", None)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+    def masked(self) -> dict:
+        """The spec as JSON with every storage option value masked (safe for job.json and logs)."""
+        data = self.model_dump(mode="json")
+        for section in (data["input"], data["output"], data["model"]):
+            section["storage_options"] = {k: _mask(k, v) for k, v in section["storage_options"].items()}
+        return data
+
+
+_SAFE_OPTION_KEYS = {"endpoint_url", "region_name", "anon", "use_ssl"}
+
+
+def _mask(key: str, value: Any) -> Any:
+    if key in _SAFE_OPTION_KEYS:
+        return value
+    return "***"
+
+
+class SpecError(ValueError):
+    """The job spec is invalid; str() is a readable list of problems."""
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """["generation.max_new_tokens=64", "model.draft.kind=ngram"] -> nested dict (values parsed as YAML)."""
+    import yaml
+
+    out: dict = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise SpecError(f"--set expects key.path=value, got {pair!r}")
+        key, raw = pair.split("=", 1)
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+    return out
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    merged = copy.deepcopy(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(merged.get(k), dict):
+            merged[k] = _merge(merged[k], v)
+        else:
+            merged[k] = v
+    return merged
+
+
+def spec_from_dict(data: dict, overrides: list[str] | None = None) -> JobSpec:
+    data = _merge(data or {}, parse_overrides(overrides or []))
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(_explain(e)) from None
+
+
+def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
+    import yaml
+
+    path = Path(path)
+    if not path.exists():
+        raise SpecError(f"job spec {path} not found")
+    try:
+        data = yaml.safe_load(path.read_text())  # safe_load only: a spec can never build Python objects
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path} must be a YAML mapping of job settings")
+    return spec_from_dict(data, overrides)
+
+
+def _explain(error: ValidationError) -> str:
+    lines = []
+    for err in error.errors():
+        where = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            parent = _model_at(err["loc"][:-1])
+            options = list(parent.model_fields) if parent else []
+            close = difflib.get_close_matches(str(err["loc"][-1]), options, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else (f"; allowed: {', '.join(options)}" if options else "")
+            lines.append(f"{where}: unknown key{hint}")
+        else:
+            lines.append(f"{where or 'spec'}: {err['msg']}")
+    return "invalid job spec:\n  " + "\n  ".join(lines)
+
+
+def _model_at(loc) -> type[BaseModel] | None:
+    model: type[BaseModel] = JobSpec
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        ann = field.annotation
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return model
+
+
+def json_schema() -> dict:
+    return JobSpec.model_json_schema()

@@ -1,0 +1,186 @@
+"""The job runner end to end: local Ray, a real S3 endpoint (moto server), parts and manifests."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import local_writer, s3_writer, write_prompt_shards
+
+from batchspec.runner.job import JobRefused, status, submit
+from batchspec.runner.store import OUTPUT_SCHEMA, OutputStore
+from batchspec.spec import spec_from_dict
+
+
+def make_spec(models_dir, inp, out, input_opts=None, output_opts=None, **extra):
+    data = {
+        "name": "t",
+        "input": {"path": inp, "id_column": "doc_id", "storage_options": input_opts or {}},
+        "output": {"path": out, "storage_options": output_opts or {}},
+        "model": {"target": str(models_dir / "llama-target"), "draft": {"kind": "ngram"}},
+        "generation": {"max_new_tokens": 8},
+        "speculation": {"mode": "on"},
+        "resources": {"actors": 1, "batch_size": 4},
+    }
+    for key, value in extra.items():
+        section, field = key.split("__")
+        data.setdefault(section, {})[field] = value
+    return spec_from_dict(data)
+
+
+def read_parts(store: OutputStore) -> dict[str, pa.Table]:
+    return {s: store.read_part(s) for s, m in store.manifests().items() if m["status"] == "done"}
+
+
+def test_end_to_end_on_s3(models_dir, ray_session, s3):
+    opts, fs, bucket = s3
+    write = s3_writer(fs, f"{bucket}/in")
+    write_prompt_shards(write, 2, 5)
+    # A file big enough to be sliced: 3 row groups of 4 rows, at most 5 rows per shard.
+    big = pa.table({"prompt": [f"clause {i} of the lease" for i in range(12)], "doc_id": [f"big-{i}" for i in range(12)]})
+    write("big-0000.parquet", big, row_group_size=4)
+    spec = make_spec(models_dir, f"{bucket}/in/", f"{bucket}/out", opts, opts, input__max_rows_per_shard=5)
+
+    result = submit(spec)
+
+    assert result.ok, result.failed
+    store = OutputStore(spec.output.path, opts)
+    manifests = store.manifests()
+    assert sorted(manifests) == ["big-0000-r0", "big-0000-r1", "big-0000-r2", "prompts-0000", "prompts-0001"]
+    parts = read_parts(store)
+    ids = [i for t in parts.values() for i in t.column("id").to_pylist()]
+    assert len(ids) == 22 and len(set(ids)) == 22  # rows out == rows in, ids unique
+    assert set(ids) >= {f"big-{i}" for i in range(12)}
+    for shard, table in parts.items():
+        assert table.schema.equals(OUTPUT_SCHEMA, check_metadata=False), shard
+        assert table.num_rows == manifests[shard]["rows_in"] == manifests[shard]["rows_out"]
+        assert set(table.column("finish_reason").to_pylist()) <= {"stop", "length"}
+    assert store.has_success()
+    job = store.read_job()
+    assert job["spec"]["input"]["storage_options"]["secret"] == "***"
+    assert job["spec"]["input"]["storage_options"]["endpoint_url"] == opts["endpoint_url"]
+    assert "testing" not in json.dumps(job)  # no credentials anywhere in job.json
+    assert status(spec.output.path, opts)["done"] == 5
+
+
+def _mtimes(folder) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in folder.glob("part-*.parquet")}
+
+
+def test_rerun_redoes_only_missing_shards(models_dir, ray_session, tmp_path):
+    write_prompt_shards(local_writer(tmp_path / "in"), 3, 4)
+    spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"))
+    assert submit(spec).ok
+    out = tmp_path / "out"
+    before = _mtimes(out)
+    (out / "_batchspec" / "shards" / "prompts-0001.json").unlink()
+
+    again = submit(spec)
+
+    assert again.done == ["prompts-0001"] and sorted(again.skipped) == ["prompts-0000", "prompts-0002"]
+    after = _mtimes(out)
+    assert after["part-prompts-0000.parquet"] == before["part-prompts-0000.parquet"]
+    assert after["part-prompts-0002.parquet"] == before["part-prompts-0002.parquet"]
+    assert after["part-prompts-0001.parquet"] != before["part-prompts-0001.parquet"]
+    assert (out / "_batchspec" / "_SUCCESS").exists()
+    # A run with nothing left to do touches no part at all.
+    nothing = submit(spec)
+    assert nothing.done == [] and _mtimes(out) == after
+
+
+def test_rerun_with_changed_spec_is_refused_unless_forced(models_dir, ray_session, tmp_path):
+    write_prompt_shards(local_writer(tmp_path / "in"), 1, 3)
+    spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"))
+    assert submit(spec).ok
+    changed = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"), generation__max_new_tokens=5)
+    with pytest.raises(JobRefused, match="different spec"):
+        submit(changed)
+    forced = submit(changed, force=True)
+    assert forced.ok and forced.done == ["prompts-0000"]
+    part = pq.read_table(tmp_path / "out" / "part-prompts-0000.parquet")
+    assert max(part.column("completion_tokens").to_pylist()) <= 5
+
+
+def test_changed_input_of_a_done_shard_is_refused(models_dir, ray_session, tmp_path):
+    write = local_writer(tmp_path / "in")
+    write_prompt_shards(write, 2, 3)
+    spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"))
+    assert submit(spec).ok
+    write_prompt_shards(write, 1, 4, seed=50)  # prompts-0000 rewritten with other rows
+    with pytest.raises(JobRefused, match="input changed"):
+        submit(spec)
+    assert submit(spec, force=True).done == ["prompts-0000"]
+
+
+def test_bad_rows_and_unreadable_shard(models_dir, ray_session, tmp_path):
+    write = local_writer(tmp_path / "in")
+    write_prompt_shards(write, 1, 3)
+    long_prompt = "lease " * 2000  # far beyond the tiny model's 1024-token context
+    write("bad-0000.parquet", pa.table({
+        "prompt": ["fine prompt", None, "", "   ", "dup a", "dup b", long_prompt],
+        "doc_id": ["a", "b", "c", "d", "e", "e", "f"],
+    }))
+    write("nontext-0000.parquet", pa.table({"prompt": [1, 2], "doc_id": ["n1", "n2"]}))
+    (tmp_path / "in" / "truncated-0000.parquet").write_bytes(
+        (tmp_path / "in" / "prompts-0000.parquet").read_bytes()[:100])
+    spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"))
+
+    result = submit(spec)
+
+    assert not result.ok and list(result.failed) == ["truncated-0000"]
+    assert "unreadable Parquet" in result.failed["truncated-0000"]
+    store = OutputStore(str(tmp_path / "out"))
+    bad = store.read_part("bad-0000").to_pylist()
+    by_id = {r["id"]: r for r in bad}
+    assert by_id["a"]["finish_reason"] in ("stop", "length")
+    assert by_id["b"]["error"] == "null prompt"
+    assert by_id["c"]["error"] == by_id["d"]["error"] == "empty prompt"
+    assert by_id["e"]["finish_reason"] != "error"
+    assert by_id["e#dup5"]["error"].startswith("duplicate id 'e'")
+    assert "context" in by_id["f"]["error"] and by_id["f"]["prompt_tokens"] > 1024
+    assert all(r["completion"] is None for r in bad if r["finish_reason"] == "error")
+    nontext = store.read_part("nontext-0000").to_pylist()
+    assert {r["error"] for r in nontext} == {"prompt is int, not text"}
+    assert not store.has_success()
+    st = status(str(tmp_path / "out"))
+    assert (st["done"], st["failed"]) == (3, 1)
+    # Fix the file, rerun: only the failed shard runs and the job completes.
+    write_prompt_shards(lambda name, t: write("truncated-0000.parquet", t), 1, 2, seed=9)
+    again = submit(spec)
+    assert again.ok and again.done == ["truncated-0000"] and store.has_success()
+
+
+def test_output_inside_input_is_refused(models_dir, tmp_path):
+    write_prompt_shards(local_writer(tmp_path / "in"), 1, 2)
+    spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "in" / "out"))
+    with pytest.raises(JobRefused, match="inside the input"):
+        submit(spec)
+
+
+def test_shard_ids_stay_inside_the_output(tmp_path):
+    store = OutputStore(str(tmp_path / "out"))
+    assert store.part_path("../../etc/passwd").startswith(str(tmp_path / "out") + "/part-")
+    assert "/" not in store.part_name("a/../../b")
+
+
+def test_cli_submit_exit_code_names_failed_shards(models_dir, ray_session, tmp_path):
+    from typer.testing import CliRunner
+
+    from batchspec.cli import app
+
+    write_prompt_shards(local_writer(tmp_path / "in"), 1, 2)
+    (tmp_path / "in" / "broken-0000.parquet").write_bytes(b"not parquet")
+    job = tmp_path / "job.yaml"
+    job.write_text(json.dumps(make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out")).model_dump(mode="json")))
+    res = CliRunner().invoke(app, ["submit", str(job), "--quiet"])
+    assert res.exit_code == 1, res.output
+    assert "broken-0000" in res.output
+    res = CliRunner().invoke(app, ["status", str(tmp_path / "out"), "--json"])
+    assert res.exit_code == 1 and json.loads(res.stdout)["failed"] == 1
+    os.remove(tmp_path / "in" / "broken-0000.parquet")
+    res = CliRunner().invoke(app, ["rerun", str(job), "--quiet"])
+    # The broken shard's input is gone: the job now has one shard, done.
+    assert res.exit_code == 0, res.output

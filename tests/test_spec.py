@@ -1,0 +1,121 @@
+"""Job spec: YAML, overrides, unknown keys, masking, schemas in sync, validate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from conftest import local_writer, write_prompt_shards
+from typer.testing import CliRunner
+
+from batchspec.cli import app
+from batchspec.schemas import rendered
+from batchspec.spec import SpecError, load_spec, spec_from_dict
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = {"name": "j", "input": {"path": "in/"}, "output": {"path": "out/"}, "model": {"target": "m"}}
+
+
+def test_every_job_file_in_the_repo_is_valid():
+    for job in (REPO / "jobs").glob("*.yaml"):
+        assert load_spec(job).name == "summarize_legal"
+
+
+def test_overrides_parse_yaml_values():
+    spec = spec_from_dict(BASE, ["generation.max_new_tokens=64", "generation.stop=['\\n', 'END']",
+                                 "model.draft.kind=ngram", "speculation.mode=off"])
+    assert spec.generation.max_new_tokens == 64 and spec.generation.stop == ["\n", "END"]
+    assert spec.model.draft.kind == "ngram" and spec.speculation.mode == "off"
+
+
+def test_unknown_key_suggests_the_right_one():
+    with pytest.raises(SpecError, match=r"generation.max_new_token: unknown key; did you mean 'max_new_tokens'\?"):
+        spec_from_dict({**BASE, "generation": {"max_new_token": 3}})
+    with pytest.raises(SpecError, match="resourses: unknown key; did you mean 'resources'"):
+        spec_from_dict({**BASE, "resourses": {}})
+
+
+def test_bad_values_are_explained():
+    with pytest.raises(SpecError, match="speculation.mode"):
+        spec_from_dict({**BASE, "speculation": {"mode": "sometimes"}})
+    with pytest.raises(SpecError, match="draft kind 'model' needs draft.path"):
+        spec_from_dict({**BASE, "model": {"target": "m", "draft": {"kind": "model"}}})
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("name: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(job)
+
+
+def test_secrets_are_masked_and_do_not_change_the_output_hash():
+    opts = {"endpoint_url": "http://x", "key": "AKIA123", "secret": "s3cr3t", "client_kwargs": {"aws_session_token": "t"}}
+    a = spec_from_dict({**BASE, "input": {"path": "in/", "storage_options": opts}})
+    b = spec_from_dict(BASE)
+    masked = json.dumps(a.masked())
+    assert "AKIA123" not in masked and "s3cr3t" not in masked and '"t"' not in masked and "http://x" in masked
+    assert a.output_hash() == b.output_hash()
+    assert spec_from_dict(BASE, ["resources.actors=4"]).output_hash() == b.output_hash()
+    assert spec_from_dict(BASE, ["generation.seed=1"]).output_hash() != b.output_hash()
+
+
+def test_schemas_in_repo_match_the_code():
+    for name, text in rendered().items():
+        assert (REPO / "schemas" / name).read_text() == text, f"run `batchspec schema` to regenerate {name}"
+
+
+def _job(tmp_path, models_dir, **over) -> Path:
+    data = {"name": "v", "input": {"path": str(tmp_path / "in"), "id_column": "doc_id"},
+            "output": {"path": str(tmp_path / "out")}, "model": {"target": str(models_dir / "llama-target")}}
+    for k, v in over.items():
+        section, field = k.split("__")
+        data[section][field] = v
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_validate_ok(models_dir, tmp_path):
+    write_prompt_shards(local_writer(tmp_path / "in"), 2, 3)
+    res = CliRunner().invoke(app, ["validate", str(_job(tmp_path, models_dir))])
+    assert res.exit_code == 0, res.output
+    assert "prompts-0001" in res.output and "ok" in res.output
+
+
+def test_validate_catches_missing_column_and_bad_type(models_dir, tmp_path):
+    write_prompt_shards(local_writer(tmp_path / "in"), 1, 3)
+    res = CliRunner().invoke(app, ["validate", str(_job(tmp_path, models_dir, input__prompt_column="text"))])
+    assert res.exit_code == 2 and "missing column 'text'" in res.output
+    local_writer(tmp_path / "in")("ints.parquet", pa.table({"prompt": [1, 2], "doc_id": ["a", "b"]}))
+    res = CliRunner().invoke(app, ["validate", str(_job(tmp_path, models_dir))])
+    assert res.exit_code == 2 and "is int64, not text" in res.output
+
+
+def test_validate_catches_unknown_key_and_unreachable_input(models_dir, tmp_path):
+    job = _job(tmp_path, models_dir)
+    data = json.loads(job.read_text())
+    data["model"]["draf"] = {"kind": "ngram"}
+    job.write_text(json.dumps(data))
+    res = CliRunner().invoke(app, ["validate", str(job)])
+    assert res.exit_code == 2 and "did you mean 'draft'" in res.output
+    res = CliRunner().invoke(app, ["validate", str(_job(tmp_path, models_dir, input__path=str(tmp_path / "nowhere")))])
+    assert res.exit_code == 2 and "does not exist" in res.output
+
+
+def test_validate_catches_unresolvable_model(models_dir, tmp_path):
+    write_prompt_shards(local_writer(tmp_path / "in"), 1, 2)
+    res = CliRunner().invoke(app, ["validate", str(_job(tmp_path, models_dir, model__target=str(tmp_path / "no-model")))])
+    assert res.exit_code == 2 and "target model" in res.output
+
+
+def test_help_does_not_import_torch_or_ray():
+    import subprocess
+    import sys
+
+    code = "import sys, batchspec.cli as c; sys.argv=['batchspec','--help']\ntry:\n c.main()\nexcept SystemExit: pass\n" \
+           "print('torch' in sys.modules, 'ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().endswith("False False")
