@@ -24,7 +24,7 @@ def test_every_job_file_in_the_repo_is_valid():
 
 
 def test_overrides_parse_yaml_values():
-    spec = spec_from_dict(BASE, ["generation.max_new_tokens=64", "generation.stop=['\\n', 'END']",
+    spec = spec_from_dict(BASE, ["generation.max_new_tokens=64", 'generation.stop=["\\n", "END"]',
                                  "model.draft.kind=ngram", "speculation.mode=off"])
     assert spec.generation.max_new_tokens == 64 and spec.generation.stop == ["\n", "END"]
     assert spec.model.draft.kind == "ngram" and spec.speculation.mode == "off"
