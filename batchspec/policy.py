@@ -184,6 +184,8 @@ class Policy:
 
     def decide(self, profile: LengthProfile, currently_on: bool | None, batches_off: int = 0, at_row: int = 0) -> Decision:
         """currently_on: None at the start of a shard, else the state in force."""
+        if not profile.prompt_tokens:
+            return Decision(False, 0, "off: no valid rows to generate", at_row=at_row)
         if self.mode == "off":
             return Decision(False, 0, "off: speculation.mode is off", at_row=at_row)
         if self.mode == "on":

@@ -27,3 +27,27 @@ def write_schemas(out_dir: str | Path) -> list[Path]:
         (out / name).write_text(text)
         paths.append(out / name)
     return paths
+
+
+def job_spec_reference() -> str:
+    """A markdown table of every job-spec field, from the pydantic models (docs/job-spec.md)."""
+    from pydantic import BaseModel
+
+    from .spec import JobSpec
+
+    lines = ["| key | type | default | description |", "|---|---|---|---|"]
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, f in model.model_fields.items():
+            ann = f.annotation
+            key = f"{prefix}{name}"
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                lines.append(f"| `{key}` | section | | {f.description or ''} |")
+                walk(ann, key + ".")
+                continue
+            default = "required" if f.is_required() else repr(f.get_default(call_default_factory=True))
+            type_name = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "").replace(" | ", " or ")
+            lines.append(f"| `{key}` | `{type_name}` | `{default}` | {(f.description or '').replace('|', '/')} |")
+
+    walk(JobSpec, "")
+    return "\n".join(lines) + "\n"

@@ -101,13 +101,13 @@ class CostSpec(_Strict):
 
 class JobSpec(_Strict):
     name: str = Field(description="Job name, shown in logs and manifests.")
-    input: InputSpec
-    output: OutputSpec
-    model: ModelSpec
-    generation: GenerationSpec = Field(default_factory=GenerationSpec)
-    speculation: SpeculationSpec = Field(default_factory=SpeculationSpec)
-    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    cost: CostSpec = Field(default_factory=CostSpec)
+    input: InputSpec = Field(description="Where the prompts are and how to read them.")
+    output: OutputSpec = Field(description="Where completions, manifests and _SUCCESS are written.")
+    model: ModelSpec = Field(description="Target and draft models, device and dtype.")
+    generation: GenerationSpec = Field(default_factory=GenerationSpec, description="Decoding settings for every row.")
+    speculation: SpeculationSpec = Field(default_factory=SpeculationSpec, description="Whether and how to speculate.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Actors, GPUs, CPUs and micro-batch size.")
+    cost: CostSpec = Field(default_factory=CostSpec, description="Prices used by `batchspec report`.")
 
     @field_validator("name")
     @classmethod

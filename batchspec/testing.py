@@ -87,12 +87,12 @@ def build_tokenizer(out_dir: str | Path, vocab_size: int = 512, corpus: list[str
 
 
 # Shapes: "tiny" for unit tests (fast, about 0.2M parameters), "bench" for `batchspec bench`
-# (about 110M parameters: big enough that a decode step is bound by reading weights, as on a
+# (about 104M parameters: big enough that a decode step is bound by reading weights, as on a
 # real deployment, so speculation has something to save).
 SIZES = {
     "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128),
     "small": dict(hidden=128, layers=4, heads=4, kv_heads=2, ffn=384),
-    "bench": dict(hidden=768, layers=12, heads=12, kv_heads=4, ffn=2304),
+    "bench": dict(hidden=768, layers=12, heads=12, kv_heads=4, ffn=3072),
 }
 
 
@@ -124,8 +124,16 @@ def build_model(
     size: str = "tiny",
     seed: int = 0,
     init_std: float | None = None,
+    layers: int | None = None,
+    passthrough_from: int | None = None,
 ) -> Path:
-    """Save a random-weight causal LM (plus its tokenizer) as a real HF checkpoint. Idempotent."""
+    """Save a random-weight causal LM (plus its tokenizer) as a real HF checkpoint. Idempotent.
+
+    passthrough_from=n zeroes the output projections of layers n.. (Llama family), so they add
+    nothing to the residual stream: the model's logits then equal exactly those of its first n
+    layers, which makes a layer_skip draft with n layers accept every token at a fraction of the
+    cost. Tests use it to get a pair for which speculation really pays.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -135,12 +143,19 @@ def build_model(
     tok_dir = Path(tokenizer_dir) if tokenizer_dir else build_tokenizer(out_dir.parent / "tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
     config = model_config(family, len(tokenizer), size=size, tokenizer=tokenizer)
+    if layers is not None:
+        config.num_hidden_layers = layers
     if init_std is not None:
         config.initializer_range = init_std
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     if init_std is None:
         _sharpen(model)
+    if passthrough_from is not None:
+        with torch.no_grad():
+            for layer in model.model.layers[passthrough_from:]:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

@@ -119,3 +119,9 @@ def test_help_does_not_import_torch_or_ray():
            "print('torch' in sys.modules, 'ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("False False")
+
+
+def test_job_spec_doc_lists_every_field():
+    from batchspec.schemas import job_spec_reference
+
+    assert job_spec_reference() in (REPO / "docs" / "job-spec.md").read_text(), "regenerate the table in docs/job-spec.md"

@@ -71,7 +71,8 @@ class RoundTiming:
 class BatchResult:
     rows: list[RowOutput]
     rounds: list[RoundTiming] = field(default_factory=list)
-    prefill_s: float = 0.0
+    prefill_s: float = 0.0  # target prefill and first token
+    draft_prefill_s: float = 0.0  # the draft's own prefill (0 without a model draft)
 
 
 class Proposer(Protocol):
@@ -171,8 +172,11 @@ def generate(
     now = time.perf_counter() - start
     for o in outputs:
         o.stats.ttft_s = now
+    t_draft = time.perf_counter()
     if proposer is not None:
         proposer.prefill(prompts, first_list, device)
+        synchronize()
+    draft_prefill_s = time.perf_counter() - t_draft
     rounds: list[RoundTiming] = []
 
     while True:
@@ -262,7 +266,7 @@ def generate(
 
     for o in outputs:
         o.stats.completion_tokens = len(o.token_ids)
-    return BatchResult(outputs, rounds, prefill_s)
+    return BatchResult(outputs, rounds, prefill_s, draft_prefill_s)
 
 
 def _emit(out: RowOutput, tokens: list[int], eos: set[int], max_new: int, stop_check: StopCheck | None) -> bool:

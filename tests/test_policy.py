@@ -1,0 +1,118 @@
+"""Policy decide/observe over scripted costs and acceptance (pure Python, no models)."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchspec.policy import Acceptance, Costs, LengthProfile, Policy, decode_speedup, expected_tokens
+
+
+def costs(batch=1, step=0.030, draft=0.008, verify=None, prefill=0.0004, draft_prefill=0.0001):
+    """Memory-bound target at batch 1: verifying k+1 tokens costs barely more than one step."""
+    verify = verify or {k: step * (1 + 0.05 * k) for k in (1, 2, 4, 8)}
+    return Costs(batch, step, draft, verify, prefill, draft_prefill)
+
+
+def policy_with(alpha=None, c=None, **kw) -> Policy:
+    p = Policy("auto", k_default=4, k_max=8, **kw)
+    p.calibrate(c or costs())
+    if alpha is not None:
+        p.prior.accepted, p.prior.trials = alpha * 1000, 1000
+    return p
+
+
+def short_prompts(n=256):
+    return LengthProfile([40] * 16, n)
+
+
+def test_expected_tokens_formula():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)  # 1 + 0.5 + 0.25
+    assert decode_speedup(0.8, 4, 0.25, 1.2) == pytest.approx(expected_tokens(0.8, 4) / 2.2)
+
+
+def test_prefill_dominated_shard_is_off_without_probing():
+    # CPU-like measured prefill: one prompt token costs 1/15 of a decode step (target), 1/60 (draft).
+    d = policy_with(c=costs(prefill=0.002, draft_prefill=0.0005)).decide(LengthProfile([1800] * 8, 16), None)
+    assert not d.speculate and d.reason.startswith("off: prefill-dominated")
+    assert "prompt p50 1800 tokens vs 16 new tokens" in d.reason and "even at acceptance 1.0" in d.reason
+
+
+def test_no_prior_probes_first():
+    d = policy_with().decide(short_prompts(), None)
+    assert d.speculate and d.k == 4 and "probe" in d.reason
+
+
+def test_low_acceptance_is_off():
+    d = policy_with(alpha=0.05).decide(short_prompts(), None)
+    assert not d.speculate and d.reason.startswith("off: acceptance 0.05")
+
+
+def test_high_acceptance_at_batch_one_is_on_with_k_above_one():
+    d = policy_with(alpha=0.9).decide(short_prompts(), None)
+    assert d.speculate and d.k > 1 and d.predicted_speedup > 1.5
+    assert d.reason.startswith("on: acceptance 0.90")
+
+
+def test_large_batch_is_off_when_measured_costs_say_so():
+    # At batch 64 the target is compute-bound: verifying k+1 tokens costs ~k+1 steps.
+    big = costs(batch=64, step=0.2, draft=0.06, verify={k: 0.2 * (k + 1) for k in (1, 2, 4, 8)})
+    d = policy_with(alpha=0.9, c=big).decide(short_prompts(), None)
+    assert not d.speculate
+    assert "draft too costly" in d.reason or "predicted" in d.reason
+
+
+def test_no_flapping_around_the_threshold():
+    p = policy_with(alpha=0.5)
+    profile = short_prompts()
+    # Find an acceptance whose prediction sits inside the hysteresis band (1.0 .. 1.05).
+    alpha = next(a / 1000 for a in range(1000) if 1.0 <= p.best_k(profile, a / 1000)[1] < 1.05)
+    p.prior.accepted, p.prior.trials = alpha * 1000, 1000
+    assert p.decide(profile, currently_on=True).speculate  # stays on above break-even
+    assert not p.decide(profile, currently_on=False).speculate  # stays off below 1 + margin
+    states = []
+    on = False
+    for i in range(20):  # jitter around the band never toggles the decision more than once
+        a = alpha + (0.002 if i % 2 else -0.002)
+        p.prior.accepted, p.prior.trials = a * 1000, 1000
+        on = p.decide(profile, on, batches_off=0).speculate
+        states.append(on)
+    assert sum(1 for x, y in zip(states, states[1:]) if x != y) <= 1
+
+
+def test_prior_carries_across_shards():
+    p = policy_with()
+    assert "probe" in p.decide(short_prompts(), None).reason
+    for _ in range(20):  # the first shard observes a good draft
+        p.observe_round(4, draft_s=0.03, target_s=0.036, accepted=3, rejections=1)
+    d = p.decide(short_prompts(), None)  # the next shard starts from that acceptance
+    assert d.speculate and "probe" not in d.reason and d.alpha == pytest.approx(0.75, abs=0.01)
+
+
+def test_reprobe_after_being_off_for_a_while():
+    p = policy_with(alpha=0.05, reprobe_every=4)
+    assert not p.decide(short_prompts(), False, batches_off=3).speculate
+    d = p.decide(short_prompts(), False, batches_off=4)
+    assert d.speculate and "re-probe" in d.reason
+
+
+def test_acceptance_estimate_counts_trials_not_proposals():
+    a = Acceptance(decay=1.0)
+    for _ in range(10):  # k=4: 2 accepted then a rejection each round -> a = 2/3, not 2/4
+        a.observe(accepted=2, rejections=1)
+    assert a.estimate == pytest.approx(2 / 3)
+
+
+def test_modes_on_and_off_are_forced():
+    assert Policy("on", k_default=3).decide(short_prompts(), None).k == 3
+    assert not Policy("off").decide(short_prompts(), None).speculate
+
+
+def test_cost_refresh_keeps_ratios_from_plain_rounds():
+    c = costs()
+    before = (c.c, c.v(4))
+    for _ in range(30):
+        c.update(0, 0.0, 0.060)  # real plain steps twice as slow as calibrated
+    assert c.target_step_s == pytest.approx(0.060, rel=0.01)
+    assert (c.c, c.v(4)) == pytest.approx(before)
