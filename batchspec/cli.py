@@ -177,6 +177,40 @@ def bench(
 
 
 @app.command()
+def report(
+    output: str = typer.Argument(..., help="Output path of a job (local or s3://)."),
+    gpu_hour_usd: Optional[float] = typer.Option(None, help="Price of an actor-hour (default: the job's cost.gpu_hour_usd)."),
+    fmt: str = typer.Option("table", "--format", help="table, json, csv or html."),
+    out: Optional[str] = typer.Option(None, help="Write to this file instead of stdout."),
+    compare_to: Optional[str] = typer.Option(None, "--compare", help="Another output to compare with (B/A ratios)."),
+    storage_option: List[str] = typer.Option([], "--storage-option", help="fsspec option, e.g. endpoint_url=http://..."),
+) -> None:
+    """Cost, acceptance and latency of a run, from committed shards only.
+
+    Example: batchspec report out/summarize_legal --format html --out report.html
+    Example: batchspec report out/last_night --compare out/spec_off
+    """
+    from .report import build_report, compare, compare_text, render
+
+    opts = _options(storage_option)
+    try:
+        rep = build_report(output, opts, gpu_hour_usd)
+        if compare_to:
+            cmp = compare(rep, build_report(compare_to, opts, gpu_hour_usd))
+            text = json.dumps(cmp, indent=2, default=str) if fmt == "json" else compare_text(cmp)
+        else:
+            text = render(rep, fmt)
+    except FileNotFoundError as e:
+        _die(str(e))
+    if out:
+        with open(out, "w") as f:
+            f.write(text)
+        typer.echo(f"wrote {out}")
+    else:
+        typer.echo(text, nl=not text.endswith("\n"))
+
+
+@app.command()
 def schema(out_dir: str = typer.Option("schemas", help="Directory to write the schemas to.")) -> None:
     """Write the job-spec JSON Schema and the output Parquet schema (schemas/ in the repo).
 

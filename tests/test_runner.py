@@ -184,3 +184,47 @@ def test_cli_submit_exit_code_names_failed_shards(models_dir, ray_session, tmp_p
     res = CliRunner().invoke(app, ["rerun", str(job), "--quiet"])
     # The broken shard's input is gone: the job now has one shard, done.
     assert res.exit_code == 0, res.output
+
+
+def test_model_that_fails_to_load_writes_nothing(models_dir, tmp_path):
+    from batchspec.testing import build_model, build_tokenizer
+
+    write_prompt_shards(local_writer(tmp_path / "in"), 1, 2)
+    bad_path = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"), model__target=str(tmp_path / "none"))
+    with pytest.raises(JobRefused, match="target model"):
+        submit(bad_path)
+    other_vocab = build_model(tmp_path / "v", "llama", build_tokenizer(tmp_path / "t", vocab_size=300), seed=2)
+    bad_draft = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"),
+                          model__draft={"kind": "model", "path": str(other_vocab)})
+    with pytest.raises(JobRefused, match="incompatible tokenizer"):
+        submit(bad_draft)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_second_submit_is_refused_while_a_lease_is_held(models_dir, ray_session, tmp_path, s3, where):
+    import time
+
+    from batchspec.runner.lease import Lease
+
+    if where == "local":
+        write_prompt_shards(local_writer(tmp_path / "in"), 1, 2)
+        spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"))
+    else:
+        opts, fs, bucket = s3
+        write_prompt_shards(s3_writer(fs, f"{bucket}/in"), 1, 2)
+        spec = make_spec(models_dir, f"{bucket}/in", f"{bucket}/out", opts, opts)
+    store = OutputStore(spec.output.path, spec.output.storage_options)
+    other = Lease(store, "the-first-run")
+    assert other.acquire() is None  # a live run holds the output
+    assert not Lease(store, "x").store.create_exclusive(other.path, {})  # create-only really refuses
+    with pytest.raises(JobRefused, match="in use by job the-first-run"):
+        submit(spec)
+    # A dead run's lease goes stale: a later submit takes it over after the timeout...
+    other._stop.set()
+    time.sleep(1.1)
+    assert submit(spec, lease_timeout_s=1.0).ok
+    assert store.read_json(other.path) is None  # released at the end
+    # ...and --force takes over a live one.
+    Lease(store, "live").acquire()
+    assert submit(spec, force=True).done == []

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..spec import JobSpec
+from .lease import DEFAULT_TIMEOUT_S, Lease, LeaseHeld
 from .logs import log_event
 from .plan import Shard, input_fingerprint, plan_shards
 from .store import OutputStore
@@ -117,14 +118,36 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 
 def submit(spec: JobSpec, address: str | None = None, force: bool = False,
            on_shard: Callable[[dict], None] | None = None, on_plan: Callable[[list[Shard], list[Shard]], None] | None = None,
-           ) -> JobResult:
-    """Run every shard that is not done; commit manifests, job.json and, when all are done, _SUCCESS."""
+           lease_timeout_s: float = DEFAULT_TIMEOUT_S) -> JobResult:
+    """Run every shard that is not done; commit manifests, job.json and, when all are done, _SUCCESS.
+
+    force: proceed despite a changed spec or changed inputs, and take over another run's lease."""
+    t0 = time.perf_counter()
+    store, shards, todo, manifests = prepare(spec, force)
+    if todo:
+        from .validate import resolve_models
+
+        problems = resolve_models(spec)  # fail before any output is written, not in every actor
+        if problems:
+            raise JobRefused("; ".join(problems))
+    job_id = f"{spec.name}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    lease = Lease(store, job_id, lease_timeout_s)
+    try:
+        note = lease.acquire(force)
+    except LeaseHeld as e:
+        raise JobRefused(str(e)) from None
+    if note:
+        log_event(log, note, logging.WARNING, job=job_id)
+    try:
+        return _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0)
+    finally:
+        lease.release()
+
+
+def _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0) -> JobResult:
     import ray
     import ray.data
 
-    t0 = time.perf_counter()
-    store, shards, todo, manifests = prepare(spec, force)
-    job_id = f"{spec.name}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     result = JobResult(job_id, spec.output.path, len(shards), skipped=[s.shard for s in shards if s not in todo])
     if on_plan:
         on_plan(shards, todo)

@@ -115,6 +115,34 @@ class OutputStore:
                 json.dump(obj, f, indent=2, sort_keys=True, default=str)
             self._publish(local, dest)
 
+    def create_exclusive(self, dest: str, obj: Any) -> bool:
+        """Write dest only if it does not exist (O_EXCL locally, If-None-Match: * on S3).
+        Returns False when it already exists."""
+        data = json.dumps(obj, indent=2, sort_keys=True, default=str).encode()
+        if self.is_local:
+            os.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
+            try:
+                fd = os.open(dest, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return True
+        try:
+            self.fs.pipe_file(dest, data, mode="create")
+            return True
+        except Exception:
+            self.fs.invalidate_cache(dest)
+            if self.fs.exists(dest):
+                return False
+            raise
+
+    def delete(self, dest: str) -> None:
+        try:
+            self.fs.rm(dest)
+        except FileNotFoundError:
+            pass
+
     def write_manifest(self, shard: str, manifest: dict) -> None:
         self.write_json(self.manifest_path(shard), manifest)
 

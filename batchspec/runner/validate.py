@@ -97,6 +97,13 @@ def resolve_models(spec: JobSpec) -> list[str]:
     sources = [("target", m.target)] + ([("draft", m.draft.path)] if m.draft.kind == "model" else [])
     for role, source in sources:
         try:
+            if source.startswith("s3://"):  # check, don't copy weights onto the driver; actors fetch them
+                import fsspec
+
+                fs, root = fsspec.core.url_to_fs(source, **m.storage_options)
+                if not fs.exists(f"{root.rstrip('/')}/config.json"):
+                    raise FileNotFoundError(f"no config.json under {source}")
+                continue
             path = resolve_model_path(source, m.storage_options)
             AutoConfig.from_pretrained(path, trust_remote_code=m.trust_remote_code)
             toks[role] = AutoTokenizer.from_pretrained(path, trust_remote_code=m.trust_remote_code)

@@ -229,7 +229,14 @@ class ShardRunner:
             if len(ids) >= engine.max_context:
                 r.error = f"prompt has {len(ids)} tokens; the model's context is {engine.max_context}"
         valid = sorted((r for r in rows if r.error is None), key=lambda r: len(r.token_ids))  # less padding
-        profile = LengthProfile([len(r.token_ids) for r in valid], self.policy.expected_new_tokens(gen.max_new_tokens))
+        lengths = [len(r.token_ids) for r in valid]
+
+        def expected_new() -> float:
+            # What the job has seen rows produce, capped per row by the room its prompt leaves in the context.
+            seen = self.policy.expected_new_tokens(gen.max_new_tokens)
+            return sum(min(seen, engine.max_context - n) for n in lengths) / len(lengths) if lengths else seen
+
+        profile = LengthProfile(lengths, expected_new())
         decision = self.policy.decide(profile, None)
         decisions = [decision]
         sampling = SamplingParams(gen.temperature, gen.top_k, gen.top_p)
@@ -253,7 +260,7 @@ class ShardRunner:
             off_batches = 0 if decision.speculate else off_batches + 1
             done_rows = start + len(batch)
             if done_rows < len(valid):
-                profile.expected_new_tokens = self.policy.expected_new_tokens(gen.max_new_tokens)
+                profile.expected_new_tokens = expected_new()
                 nxt = self.policy.decide(profile, decision.speculate, off_batches, at_row=done_rows)
                 if nxt.speculate != decision.speculate or nxt.k != decision.k or "probe" in decision.reason:
                     decisions.append(nxt)

@@ -1,0 +1,256 @@
+"""`batchspec report`: what a run cost, whether speculation paid, where the time went.
+
+Reads only committed shards (manifest status done, part present), local or s3://, with polars.
+Every rate is derived here from the raw counters in the parts and manifests (one place):
+
+    acceptance_rate       = sum(accepted_tokens) / sum(draft_tokens) over rows with speculation on
+    mean_acceptance_len   = 1 + sum(accepted_tokens) / sum(spec_rounds)     (counts the bonus token)
+    actor_seconds         = sum of committed shards' total time on their actor
+    cost_usd              = actor_seconds / 3600 * gpu_hour_usd
+    usd_per_million_tokens = cost_usd / completion_tokens * 1e6
+    saving (target steps) = accepted - draft_tokens * c - spec_rounds * (v(k) - 1)   per speculative row,
+                            with c and v(k) the actor's measured costs (manifest "costs"), converted to
+                            seconds with the measured step time and the row's batch size.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+from typing import Any
+
+import polars as pl
+
+from .policy import Costs
+from .runner.store import OutputStore
+
+
+def _quantiles(series: pl.Series, qs=(0.5, 0.95, 0.99)) -> dict[str, float | None]:
+    s = series.drop_nulls()
+    return {f"p{int(q * 100)}": (float(s.quantile(q, interpolation="linear")) if s.len() else None) for q in qs}
+
+
+def load(output: str, storage_options: dict | None = None) -> tuple[dict, dict[str, dict], pl.DataFrame, dict[str, dict]]:
+    """(job.json, committed manifests, rows of committed parts, failed-or-pending manifests)."""
+    store = OutputStore(output, storage_options)
+    job = store.read_job()
+    if job is None:
+        raise FileNotFoundError(f"no batchspec job at {output} (missing _batchspec/job.json)")
+    manifests = store.manifests()
+    done = {s: m for s, m in manifests.items() if m.get("status") == "done" and store.part_info(s) is not None}
+    other = {s: m for s, m in manifests.items() if s not in done}
+    tables = [pl.from_arrow(store.read_part(s)) for s in sorted(done)]
+    rows = pl.concat(tables, how="vertical") if tables else pl.DataFrame()
+    return job, done, rows, other
+
+
+def _saving_s(rows: pl.DataFrame, manifests: dict[str, dict]) -> float:
+    total = 0.0
+    for shard, m in manifests.items():
+        if not m.get("costs"):
+            continue
+        costs = Costs(**{**m["costs"], "verify_s": {int(k): v for k, v in m["costs"]["verify_s"].items()}})
+        spec = rows.filter((pl.col("shard") == shard) & pl.col("spec_enabled") & (pl.col("batch_size") > 0))
+        for r in spec.iter_rows(named=True):
+            k = r["num_speculative_tokens"] or 1
+            steps = r["accepted_tokens"] - r["draft_tokens"] * costs.c - r["spec_rounds"] * (costs.v(k) - 1)
+            total += steps * costs.target_step_s / r["batch_size"]  # a step serves batch_size rows at once
+    return total
+
+
+def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd: float | None = None) -> dict[str, Any]:
+    job, manifests, rows, other = load(output, storage_options)
+    price = gpu_hour_usd if gpu_hour_usd is not None else job.get("spec", {}).get("cost", {}).get("gpu_hour_usd", 0.0)
+    ok = rows.filter(pl.col("finish_reason") != "error") if rows.height else rows
+    spec = ok.filter(pl.col("spec_enabled")) if ok.height else ok
+
+    def total(frame: pl.DataFrame, col: str) -> int:
+        return int(frame[col].sum()) if frame.height else 0
+
+    completion = total(rows, "completion_tokens")
+    actor_s = sum(m.get("timings", {}).get("total_s", 0.0) for m in manifests.values())
+    wall_s = sum(r.get("wall_s", 0.0) for r in job.get("runs", []) if "wall_s" in r)
+    cost = actor_s / 3600 * price
+    accepted, drafted, rounds = total(spec, "accepted_tokens"), total(spec, "draft_tokens"), total(spec, "spec_rounds")
+    shards = []
+    for s, m in manifests.items():
+        part = rows.filter(pl.col("shard") == s)
+        part_ok = part.filter(pl.col("finish_reason") != "error")
+        part_spec = part_ok.filter(pl.col("spec_enabled"))
+        toks = total(part, "completion_tokens")
+        shard_s = m.get("timings", {}).get("total_s", 0.0)
+        d_acc, d_draft = total(part_spec, "accepted_tokens"), total(part_spec, "draft_tokens")
+        shards.append({
+            "shard": s, "rows": part.height, "error_rows": part.height - part_ok.height, "completion_tokens": toks,
+            "seconds": shard_s, "tokens_per_s": toks / shard_s if shard_s else None, "cost_usd": shard_s / 3600 * price,
+            "spec_rows": part_spec.height, "acceptance_rate": d_acc / d_draft if d_draft else None,
+            "decisions": [d["reason"] for d in m.get("decisions", [])], "attempts": m.get("attempts"),
+        })
+    shards.sort(key=lambda r: (r["tokens_per_s"] is not None, r["tokens_per_s"] or 0.0))  # slowest first
+    per_row_acc = spec.filter(pl.col("draft_tokens") > 0)["acceptance_rate"] if spec.height else pl.Series([], dtype=pl.Float64)
+    return {
+        "name": job.get("name"), "output": output, "gpu_hour_usd": price,
+        "shards_committed": len(manifests), "shards_not_committed": sorted(other),
+        "rows": rows.height, "error_rows": rows.height - ok.height,
+        "prompt_tokens": total(rows, "prompt_tokens"), "completion_tokens": completion,
+        "wall_s": wall_s, "actor_seconds": actor_s,
+        "tokens_per_s": completion / wall_s if wall_s else None,
+        "tokens_per_actor_s": completion / actor_s if actor_s else None,
+        "cost_usd": cost, "usd_per_million_tokens": cost / completion * 1e6 if completion else None,
+        "spec_rows": spec.height, "plain_rows": ok.height - spec.height,
+        "spec_shards": sum(1 for r in shards if r["spec_rows"]), "plain_shards": sum(1 for r in shards if not r["spec_rows"]),
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "acceptance_rate_quantiles": _quantiles(per_row_acc, (0.1, 0.5, 0.9)),
+        "mean_acceptance_length": 1 + accepted / rounds if rounds else None,
+        "estimated_saving_s": _saving_s(rows, manifests) if spec.height else 0.0,
+        "ttft_s": _quantiles(ok["ttft_s"]) if ok.height else {}, "latency_s": _quantiles(ok["latency_s"]) if ok.height else {},
+        "shards": shards,
+        "_acceptance_values": per_row_acc.to_list(), "_latency_values": ok["latency_s"].to_list() if ok.height else [],
+        "_spec_tokens_per_s": _rate(spec), "_plain_tokens_per_s": _rate(ok.filter(~pl.col("spec_enabled")) if ok.height else ok),
+    }
+
+
+def _rate(frame: pl.DataFrame) -> float | None:
+    """Per-row decode rate, completion tokens over latency, summed over rows (a throughput proxy)."""
+    if not frame.height:
+        return None
+    lat = frame["latency_s"].sum()
+    return float(frame["completion_tokens"].sum() / lat) if lat else None
+
+
+def public(report: dict) -> dict:
+    return {k: v for k, v in report.items() if not k.startswith("_")}
+
+
+# ---------------------------------------------------------------------------------------------
+# Formats
+
+
+def _fmt(v, spec=".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def to_text(r: dict) -> str:
+    q = r["acceptance_rate_quantiles"]
+    lines = [
+        f"{r['name']}: {r['shards_committed']} shard(s) committed"
+        + (f", not committed (not counted): {', '.join(r['shards_not_committed'])}" if r["shards_not_committed"] else ""),
+        f"rows {r['rows']} ({r['error_rows']} error rows)  prompt tokens {r['prompt_tokens']}  completion tokens {r['completion_tokens']}",
+        f"wall {r['wall_s']:.1f}s  actor-seconds {r['actor_seconds']:.1f}  {_fmt(r['tokens_per_s'], '.1f')} tok/s "
+        f"({_fmt(r['tokens_per_actor_s'], '.1f')} per actor)",
+        f"cost ${r['cost_usd']:.4f} at ${r['gpu_hour_usd']}/actor-hour  ${_fmt(r['usd_per_million_tokens'], '.2f')} per million tokens",
+        f"speculation: on for {r['spec_rows']} rows / {r['spec_shards']} shards, off for {r['plain_rows']} rows / "
+        f"{r['plain_shards']} shards; acceptance {_fmt(r['acceptance_rate'], '.3f')} (p10 {_fmt(q['p10'])}, p50 "
+        f"{_fmt(q['p50'])}, p90 {_fmt(q['p90'])}), mean acceptance length {_fmt(r['mean_acceptance_length'])}, "
+        f"estimated saving {r['estimated_saving_s']:.1f}s vs plain",
+        f"ttft p50/p95/p99 {'/'.join(_fmt(r['ttft_s'].get(k), '.3f') for k in ('p50', 'p95', 'p99'))}s  "
+        f"latency {'/'.join(_fmt(r['latency_s'].get(k), '.3f') for k in ('p50', 'p95', 'p99'))}s",
+        "",
+        f"{'shard':<24}{'rows':>6}{'errors':>7}{'tokens':>8}{'tok/s':>8}{'accept':>8}{'cost $':>10}  decision",
+    ]
+    for s in r["shards"]:
+        lines.append(f"{s['shard']:<24}{s['rows']:>6}{s['error_rows']:>7}{s['completion_tokens']:>8}"
+                     f"{_fmt(s['tokens_per_s'], '.1f'):>8}{_fmt(s['acceptance_rate'], '.3f'):>8}{s['cost_usd']:>10.5f}  "
+                     f"{(s['decisions'] or ['-'])[0][:70]}")
+    return "\n".join(lines)
+
+
+SHARD_COLUMNS = ("shard", "rows", "error_rows", "completion_tokens", "seconds", "tokens_per_s", "cost_usd", "spec_rows",
+                 "acceptance_rate", "attempts", "decisions")
+
+
+def to_csv(r: dict) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(SHARD_COLUMNS)
+    for s in r["shards"]:
+        w.writerow([" | ".join(s[c]) if c == "decisions" else s[c] for c in SHARD_COLUMNS])
+    w.writerow(["TOTAL", r["rows"], r["error_rows"], r["completion_tokens"], r["actor_seconds"], r["tokens_per_actor_s"],
+                r["cost_usd"], r["spec_rows"], r["acceptance_rate"], "", ""])
+    return buf.getvalue()
+
+
+def _bars(title: str, labels: list[str], values: list[float], unit: str = "") -> str:
+    """A horizontal bar chart as inline SVG (no scripts, no external resources)."""
+    if not values:
+        return f"<h3>{html.escape(title)}</h3><p>no data</p>"
+    top = max(values) or 1.0
+    h = 22 * len(values) + 10
+    bars = []
+    for i, (label, v) in enumerate(zip(labels, values)):
+        width = 360 * v / top
+        bars.append(f'<text x="0" y="{22 * i + 16}" font-size="12">{html.escape(label)}</text>'
+                    f'<rect x="170" y="{22 * i + 4}" width="{width:.1f}" height="16" fill="#4a7bd0"/>'
+                    f'<text x="{175 + width:.1f}" y="{22 * i + 16}" font-size="12">{v:.3g}{unit}</text>')
+    return f'<h3>{html.escape(title)}</h3><svg width="620" height="{h}" role="img">{"".join(bars)}</svg>'
+
+
+def _histogram(title: str, values: list[float], bins: int = 10, lo: float | None = None, hi: float | None = None) -> str:
+    if not values:
+        return f"<h3>{html.escape(title)}</h3><p>no data</p>"
+    lo = min(values) if lo is None else lo
+    hi = max(values) if hi is None else hi
+    width = (hi - lo) / bins or 1.0
+    counts = [0] * bins
+    for v in values:
+        counts[min(int((v - lo) / width), bins - 1)] += 1
+    labels = [f"{lo + i * width:.2f} – {lo + (i + 1) * width:.2f}" for i in range(bins)]
+    return _bars(title, labels, [float(c) for c in counts], " rows")
+
+
+def to_html(r: dict) -> str:
+    """One self-contained page: tables and SVG charts, no scripts or external resources."""
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
+            s["shard"], s["rows"], s["error_rows"], s["completion_tokens"], _fmt(s["tokens_per_s"], ".1f"),
+            _fmt(s["acceptance_rate"], ".3f"), f"{s['cost_usd']:.5f}", (s["decisions"] or ["-"])[0])) + "</tr>"
+        for s in r["shards"])
+    charts = [
+        _histogram("Acceptance rate per row (speculation on)", r["_acceptance_values"], lo=0.0, hi=1.0),
+        _bars("Throughput per shard (tokens/s)", [s["shard"] for s in r["shards"]],
+              [s["tokens_per_s"] or 0.0 for s in r["shards"]]),
+        _histogram("Row latency (s)", r["_latency_values"]),
+        _bars("Speculation on vs off (tokens/s per row)", ["on", "off"],
+              [r["_spec_tokens_per_s"] or 0.0, r["_plain_tokens_per_s"] or 0.0]),
+    ]
+    summary = html.escape(to_text({**r, "shards": []}))
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>batchspec report: "
+            f"{html.escape(str(r['name']))}</title><style>body{{font-family:sans-serif;margin:2em}}"
+            "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}"
+            "pre{background:#f5f5f5;padding:1em}</style></head><body>"
+            f"<h1>batchspec report: {html.escape(str(r['name']))}</h1><pre>{summary}</pre>"
+            "<h2>Shards (slowest first)</h2><table><tr><th>shard</th><th>rows</th><th>errors</th><th>tokens</th>"
+            f"<th>tok/s</th><th>acceptance</th><th>cost $</th><th>decision</th></tr>{rows}</table>"
+            f"<h2>Charts</h2>{''.join(charts)}</body></html>")
+
+
+COMPARED = ("rows", "completion_tokens", "tokens_per_s", "tokens_per_actor_s", "actor_seconds", "cost_usd",
+            "usd_per_million_tokens", "acceptance_rate", "mean_acceptance_length", "spec_rows")
+
+
+def compare(a: dict, b: dict) -> dict:
+    """Two runs side by side; ratio = b / a."""
+    out = {}
+    for key in COMPARED:
+        va, vb = a.get(key), b.get(key)
+        out[key] = {"a": va, "b": vb, "ratio": (vb / va) if isinstance(va, (int, float)) and va and vb is not None else None}
+    return {"a": a["output"], "b": b["output"], "figures": out}
+
+
+def compare_text(c: dict) -> str:
+    lines = [f"A = {c['a']}\nB = {c['b']}", f"{'figure':<26}{'A':>14}{'B':>14}{'B/A':>8}"]
+    for key, v in c["figures"].items():
+        lines.append(f"{key:<26}{_fmt(v['a'], '.4g'):>14}{_fmt(v['b'], '.4g'):>14}{_fmt(v['ratio'], '.3f'):>8}")
+    return "\n".join(lines)
+
+
+def render(report: dict, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(public(report), indent=2, default=str)
+    if fmt == "csv":
+        return to_csv(report)
+    if fmt == "html":
+        return to_html(report)
+    return to_text(report)

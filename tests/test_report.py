@@ -1,0 +1,139 @@
+"""Reports over a fixture output with hand-computed figures; formats; S3; log records."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+from typer.testing import CliRunner
+
+from batchspec.cli import app
+from batchspec.report import build_report, compare, render
+from batchspec.runner.store import OUTPUT_SCHEMA, OutputStore
+
+
+def row(shard, i, completion, draft=0, accepted=0, rounds=0, ttft=0.1, latency=1.0, spec=False, error=None, k=None):
+    return {"id": f"{shard}:{i}", "shard": shard, "row_index": i, "completion": None if error else "x",
+            "finish_reason": "error" if error else "length", "error": error, "prompt_tokens": 5,
+            "completion_tokens": completion, "spec_enabled": spec, "draft_kind": "quantized" if spec else None,
+            "num_speculative_tokens": k, "draft_tokens": draft, "accepted_tokens": accepted, "spec_rounds": rounds,
+            "acceptance_rate": accepted / draft if spec and draft else None, "ttft_s": ttft, "latency_s": latency,
+            "batch_size": 0 if error else 2, "attempt": 1, "worker": "w", "target_model": "t",
+            "draft_model": "d" if spec else None, "prompt_sha256": None if error else "h"}
+
+
+def write_fixture(store: OutputStore) -> None:
+    """Shard a: speculation on (2 rows + 1 error row); b: off (2 rows); c: failed, must not count."""
+    a = [row("a", 0, 10, 8, 6, 4, 0.1, 1.0, True, k=4), row("a", 1, 20, 12, 12, 4, 0.1, 2.0, True, k=4),
+         row("a", 2, 0, error="null prompt")]
+    b = [row("b", 0, 30, ttft=0.2, latency=3.0), row("b", 1, 40, ttft=0.3, latency=4.0)]
+    costs = {"batch_size": 2, "target_step_s": 0.1, "draft_step_s": 0.02, "verify_s": {"4": 0.15},
+             "prefill_token_s": 0.001, "draft_prefill_token_s": 0.0005}
+    for shard, rows, total_s, c in (("a", a, 10.0, costs), ("b", b, 20.0, None)):
+        part = store.write_part(shard, pa.Table.from_pylist(rows, schema=OUTPUT_SCHEMA))
+        store.write_manifest(shard, {"shard": shard, "status": "done", "part": part["part"], "rows_out": len(rows),
+                                     "timings": {"total_s": total_s}, "costs": c, "attempts": 1,
+                                     "decisions": [{"reason": "on: acceptance 0.90" if c else "off: prefill-dominated"}]})
+    store.write_manifest("c", {"shard": "c", "status": "failed", "error": "unreadable"})
+    store.write_job({"name": "fixture", "spec": {"cost": {"gpu_hour_usd": 3.6}}, "runs": [{"wall_s": 25.0}],
+                     "shards": ["a", "b", "c"]})
+
+
+EXPECTED = {
+    "rows": 5, "error_rows": 1, "completion_tokens": 100, "prompt_tokens": 25, "actor_seconds": 30.0, "wall_s": 25.0,
+    "tokens_per_s": 4.0, "cost_usd": 0.03, "usd_per_million_tokens": 300.0, "spec_rows": 2, "plain_rows": 2,
+    "spec_shards": 1, "plain_shards": 1, "acceptance_rate": 0.9, "mean_acceptance_length": 3.25,
+    # per speculative row: accepted - draft*c - rounds*(v-1) target steps, c=0.2, v(4)=1.5:
+    # (6 - 1.6 - 2) + (12 - 2.4 - 2) = 10 steps * 0.1 s / batch 2 = 0.5 s
+    "estimated_saving_s": 0.5,
+}
+
+
+def check(report: dict) -> None:
+    for key, value in EXPECTED.items():
+        assert report[key] == pytest.approx(value), key
+    assert report["shards_not_committed"] == ["c"]
+    assert report["latency_s"]["p50"] == pytest.approx(2.5) and report["ttft_s"]["p50"] == pytest.approx(0.15)
+    assert report["acceptance_rate_quantiles"]["p50"] == pytest.approx(0.875)
+    assert [s["shard"] for s in report["shards"]] == ["a", "b"]  # slowest (3.0 tok/s) first
+    assert report["shards"][0]["tokens_per_s"] == pytest.approx(3.0)
+
+
+def test_report_figures_local(tmp_path):
+    write_fixture(OutputStore(str(tmp_path / "out")))
+    check(build_report(str(tmp_path / "out")))
+
+
+def test_report_figures_on_s3(s3):
+    opts, fs, bucket = s3
+    write_fixture(OutputStore(f"{bucket}/out", opts))
+    check(build_report(f"{bucket}/out", opts))
+
+
+def test_price_flag_overrides_the_spec(tmp_path):
+    write_fixture(OutputStore(str(tmp_path / "out")))
+    assert build_report(str(tmp_path / "out"), gpu_hour_usd=7.2)["cost_usd"] == pytest.approx(0.06)
+
+
+def test_formats(tmp_path):
+    write_fixture(OutputStore(str(tmp_path / "out")))
+    out = str(tmp_path / "out")
+    res = CliRunner().invoke(app, ["report", out, "--format", "json"])
+    data = json.loads(res.stdout)
+    assert {"rows", "error_rows", "completion_tokens", "acceptance_rate", "cost_usd", "usd_per_million_tokens",
+            "shards"} <= set(data) and isinstance(data["shards"], list)
+    csv_text = CliRunner().invoke(app, ["report", out, "--format", "csv"]).stdout.splitlines()
+    assert csv_text[0].startswith("shard,rows,error_rows") and csv_text[1].startswith("a,3,1,30")
+    assert csv_text[-1].startswith("TOTAL,5,1,100")
+    table = CliRunner().invoke(app, ["report", out]).stdout
+    assert "acceptance 0.900" in table and "$300.00 per million tokens" in table
+
+
+def test_html_is_self_contained(tmp_path):
+    write_fixture(OutputStore(str(tmp_path / "out")))
+    page = tmp_path / "r.html"
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "out"), "--format", "html", "--out", str(page)])
+    assert res.exit_code == 0
+    text = page.read_text()
+    assert text.startswith("<!doctype html>") and text.count("<svg") == 4
+    assert "http://" not in text and "https://" not in text and "<script" not in text
+    assert "Acceptance rate per row" in text and "<td>a</td>" in text
+
+
+def test_compare_two_runs(tmp_path):
+    write_fixture(OutputStore(str(tmp_path / "a")))
+    write_fixture(OutputStore(str(tmp_path / "b")))
+    c = compare(build_report(str(tmp_path / "a")), build_report(str(tmp_path / "b"), gpu_hour_usd=7.2))
+    assert c["figures"]["cost_usd"]["ratio"] == pytest.approx(2.0)
+    assert c["figures"]["tokens_per_s"]["ratio"] == pytest.approx(1.0)
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "a"), "--compare", str(tmp_path / "b")])
+    assert res.exit_code == 0 and "B/A" in res.stdout
+
+
+def test_log_records_carry_ids_and_no_prompt_text(models_dir, tmp_path, capfd):
+    """JSON logs from a real shard run: job and shard ids, prompt hashes for error rows, no prompt."""
+    import pyarrow.parquet as pq
+
+    from batchspec.runner.logs import configure
+    from batchspec.runner.plan import plan_shards
+    from batchspec.runner.worker import ShardRunner
+    from batchspec.spec import spec_from_dict
+
+    secret_prompt = "CONFIDENTIAL merger terms of Acme"
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"prompt": [secret_prompt, "", "ok " * 2000], "doc_id": ["p1", "p2", "p3"]}),
+                   tmp_path / "in" / "s-0000.parquet")
+    spec = spec_from_dict({"name": "logs", "input": {"path": str(tmp_path / "in"), "id_column": "doc_id"},
+                           "output": {"path": str(tmp_path / "out")},
+                           "model": {"target": str(models_dir / "llama-target"), "draft": {"kind": "ngram"}},
+                           "generation": {"max_new_tokens": 4}})
+    configure("json")
+    runner = ShardRunner(spec, "job-123")
+    runner.run(plan_shards(str(tmp_path / "in"))[0])
+    err = capfd.readouterr().err
+    records = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert records and all(r.get("job") == "job-123" and r.get("shard") == "s-0000" for r in records)
+    error_rows = [r for r in records if r["msg"].startswith("error row")]
+    assert {r["row"] for r in error_rows} == {"p2", "p3"} and all("prompt_sha256" in r for r in error_rows)
+    assert "CONFIDENTIAL" not in err and "ok ok ok" not in err
