@@ -76,12 +76,20 @@ def s3(s3_endpoint):
 
 
 @pytest.fixture(scope="session")
-def ray_session():
+def fault_file(tmp_path_factory) -> Path:
+    """Where reliability tests describe faults for the actors (see runner.worker.inject_fault).
+    Its path is in the actors' environment from the start; the file exists only during a test."""
+    return tmp_path_factory.mktemp("faults") / "faults.json"
+
+
+@pytest.fixture(scope="session")
+def ray_session(fault_file):
     """One local Ray for the whole session (starting Ray costs seconds)."""
     import ray
 
     from batchspec.runner.job import init_ray
 
+    os.environ["BATCHSPEC_FAULT_FILE"] = str(fault_file)
     init_ray(num_cpus=2)
     yield ray
     ray.shutdown()

@@ -108,12 +108,14 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")
-    env = {"env_vars": {k: os.environ[k] for k in ("BATCHSPEC_LOG_FORMAT", "BATCHSPEC_CACHE", "HF_HUB_OFFLINE")
-                        if k in os.environ}}
+    passed = ("BATCHSPEC_LOG_FORMAT", "BATCHSPEC_LOG_LEVEL", "BATCHSPEC_CACHE", "BATCHSPEC_FAULT_FILE", "HF_HUB_OFFLINE")
+    env = {"env_vars": {k: os.environ[k] for k in passed if k in os.environ}}
     if address:
         ray.init(address=address, runtime_env=env, log_to_driver=True)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=True)
+        # address="local": always a fresh local instance. Plain ray.init() would attach to whatever
+        # cluster /tmp/ray/ray_current_cluster names, even a dead one left by an earlier run.
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=True)
 
 
 def submit(spec: JobSpec, address: str | None = None, force: bool = False,

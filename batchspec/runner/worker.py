@@ -180,7 +180,24 @@ class ShardRunner:
         return FixedK(k)
 
     def run(self, shard: Shard) -> dict:
-        """Process one shard and commit it; returns the shard manifest (also written to the store)."""
+        """Process one shard and commit it; returns the shard manifest (also written to the store).
+
+        Any failure fails this shard alone: its manifest records the error (when the store can be
+        reached at all) and the actor moves on to the next shard."""
+        try:
+            return self._run(shard)
+        except Exception as e:  # storage errors after retries, OOM, a bug: never take the job down
+            error = f"{type(e).__name__}: {e}"
+            log_event(log, f"shard failed: {error}", logging.ERROR, job=self.job_id, shard=shard.shard)
+            manifest = {"shard": shard.shard, "job_id": self.job_id, "status": "failed", "error": error,
+                        "input": shard.fingerprint, "worker": self.worker, "finished_at": now_iso()}
+            try:
+                self.store.write_manifest(shard.shard, manifest)
+            except Exception as write_error:
+                manifest["error"] += f" (and its manifest could not be written: {type(write_error).__name__})"
+            return manifest
+
+    def _run(self, shard: Shard) -> dict:
         started, t0 = now_iso(), time.perf_counter()
         previous = self.store.read_json(self.store.manifest_path(shard.shard)) or {}
         attempt = int(previous.get("attempts", 0)) + 1
@@ -197,7 +214,11 @@ class ShardRunner:
         t_read = time.perf_counter() - t0
         rows_out, decisions, gen_s = self.generate_rows(shard, table, attempt)
         t1 = time.perf_counter()
-        part = self.store.write_part(shard.shard, pa.Table.from_pylist(rows_out, schema=OUTPUT_SCHEMA))
+        try:
+            part = self.store.write_part(shard.shard, pa.Table.from_pylist(rows_out, schema=OUTPUT_SCHEMA))
+        except Exception as e:
+            raise RuntimeError(f"cannot write {self.store.url}/{self.store.part_name(shard.shard)}: "
+                               f"{type(e).__name__}: {e}") from e
         t_write = time.perf_counter() - t1
         tokens = {key: sum(r[key] for r in rows_out) for key in
                   ("prompt_tokens", "completion_tokens", "draft_tokens", "accepted_tokens", "spec_rounds")}
@@ -237,6 +258,7 @@ class ShardRunner:
             return sum(min(seen, engine.max_context - n) for n in lengths) / len(lengths) if lengths else seen
 
         profile = LengthProfile(lengths, expected_new())
+        inject_fault(shard.shard, 0)
         decision = self.policy.decide(profile, None)
         decisions = [decision]
         sampling = SamplingParams(gen.temperature, gen.top_k, gen.top_p)
@@ -256,6 +278,7 @@ class ShardRunner:
             self.policy.observe_rows([o.stats.completion_tokens for o in outs])
             for r, o in zip(batch, outs):
                 results[r.row_index] = (o, decision, len(batch))
+            inject_fault(shard.shard, start + len(batch))
             # Re-decide with what this micro-batch taught us (acceptance, costs, output lengths).
             off_batches = 0 if decision.speculate else off_batches + 1
             done_rows = start + len(batch)
@@ -289,6 +312,29 @@ class ShardRunner:
                 "acceptance_rate": (s.accepted_tokens / s.draft_tokens) if on and s.draft_tokens else None,
                 "ttft_s": s.ttft_s, "latency_s": s.latency_s, "batch_size": batch_size,
                 "draft_model": e.draft_source if on else None}
+
+
+FAULT_FILE_ENV = "BATCHSPEC_FAULT_FILE"
+
+
+def inject_fault(shard: str, rows_done: int) -> None:
+    """Fault injection for the reliability tests, inert unless BATCHSPEC_FAULT_FILE names a JSON
+    file like {"kill": {"prompts-0001": 4}, "sleep": {"prompts-0003": 30}}: the actor SIGKILLs
+    itself once after that many rows of that shard (a marker file makes it happen once), or
+    sleeps that many seconds before generating the shard."""
+    path = os.environ.get(FAULT_FILE_ENV)
+    if not path or not os.path.exists(path):
+        return
+    with open(path) as f:
+        faults = json.load(f)
+    if rows_done == 0 and shard in faults.get("sleep", {}):  # hold the shard, e.g. so a driver can be killed
+        open(f"{path}.{shard}.started", "w").close()
+        time.sleep(faults["sleep"][shard])
+    at = faults.get("kill", {}).get(shard)
+    marker = f"{path}.{shard}.killed"
+    if at is not None and rows_done >= at and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), 9)
 
 
 def rows_out_errors(rows: list[dict]) -> list[dict]:
