@@ -125,3 +125,26 @@ def s3_writer(fs, prefix: str):
         with fs.open(f"{prefix}/{name}", "wb") as f:
             pq.write_table(table, f, **kw)
     return write
+
+
+def part_ids(output: str, storage_options: dict | None = None) -> list[str]:
+    """Every id in every committed part (a list, so duplicates show)."""
+    from batchspec.runner.store import OutputStore
+
+    store = OutputStore(output, storage_options)
+    return [i for s, m in store.manifests().items() if m["status"] == "done"
+            for i in store.read_part(s).column("id").to_pylist()]
+
+
+def record_fault(fault: str, injected: int, completed: bool, expected_ids, got_ids: list[str], identical: bool) -> None:
+    """One row of the reliability table (scripts/reliability_table.py sets BATCHSPEC_RELIABILITY_LOG)."""
+    import json
+
+    path = os.environ.get("BATCHSPEC_RELIABILITY_LOG")
+    if not path:
+        return
+    row = {"fault": fault, "injected": injected, "completed": bool(completed),
+           "rows_lost": len(set(expected_ids) - set(got_ids)), "rows_duplicated": len(got_ids) - len(set(got_ids)),
+           "identical": bool(identical)}
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")

@@ -8,7 +8,7 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import local_writer, s3_writer, write_prompt_shards
+from conftest import local_writer, part_ids, record_fault, s3_writer, write_prompt_shards
 
 from batchspec.runner.job import JobRefused, status, submit
 from batchspec.runner.store import OUTPUT_SCHEMA, OutputStore
@@ -148,9 +148,13 @@ def test_bad_rows_and_unreadable_shard(models_dir, ray_session, tmp_path):
     st = status(str(tmp_path / "out"))
     assert (st["done"], st["failed"]) == (3, 1)
     # Fix the file, rerun: only the failed shard runs and the job completes.
-    write_prompt_shards(lambda name, t: write("truncated-0000.parquet", t), 1, 2, seed=9)
+    write_prompt_shards(lambda name, t: write("truncated-0000.parquet", t), 1, 2, prefix="fixed", seed=9)
     again = submit(spec)
     assert again.ok and again.done == ["truncated-0000"] and store.has_success()
+    expected = ["prompts0-0", "prompts0-1", "prompts0-2", "a", "b", "c", "d", "e", "e#dup5", "f", "n1", "n2",
+                "fixed0-0", "fixed0-1"]
+    got = part_ids(str(tmp_path / "out"))
+    record_fault("corrupt input shard, fixed, then rerun", 1, again.ok, expected, got, sorted(got) == sorted(expected))
 
 
 def test_output_inside_input_is_refused(models_dir, tmp_path):

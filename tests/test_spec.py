@@ -125,3 +125,24 @@ def test_job_spec_doc_lists_every_field():
     from batchspec.schemas import job_spec_reference
 
     assert job_spec_reference() in (REPO / "docs" / "job-spec.md").read_text(), "regenerate the table in docs/job-spec.md"
+
+
+def test_prompt_template_and_chat_format(models_dir):
+    from transformers import AutoTokenizer
+
+    from batchspec.runner.plan import Shard
+    from batchspec.runner.worker import validate_rows
+
+    tok = AutoTokenizer.from_pretrained(models_dir / "llama-target")
+    shard = Shard("s", "x.parquet", 0, 2, {})
+    table = pa.table({"prompt": ["a lease", "an NDA"], "kind": ["lease", None], "doc_id": ["1", "2"]})
+    spec = spec_from_dict({**BASE, "input": {"path": "in/", "id_column": "doc_id",
+                                             "template": "Summarize this {kind}:\n{prompt}\nSummary:"}})
+    rows = validate_rows(table, shard, spec, tok)
+    assert [r.prompt for r in rows] == ["Summarize this lease:\na lease\nSummary:", "Summarize this :\nan NDA\nSummary:"]
+    chat = pa.table({"prompt": [[{"role": "user", "content": "hi"}], [], [{"oops": 1}]], "doc_id": ["1", "2", "3"]})
+    spec = spec_from_dict({**BASE, "input": {"path": "in/", "id_column": "doc_id", "format": "chat"}})
+    rows = validate_rows(chat, Shard("s", "x", 0, 3, {}), spec, tok)
+    assert rows[0].prompt == "<|bos|>user\nhi\n<|bos|>assistant\n" and rows[0].error is None
+    assert rows[1].error == "empty chat prompt"
+    assert rows[2].error.startswith("chat prompt must be a list")

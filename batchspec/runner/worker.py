@@ -119,7 +119,9 @@ def _prompt_of(rec: dict, spec: JobSpec, tokenizer) -> tuple[str | None, str | N
     if value is None:
         return None, "null prompt"
     if spec.input.format == "chat":
-        if not isinstance(value, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
+        # Arrow unifies struct fields across rows, so a malformed message arrives with role/content None.
+        if not isinstance(value, list) or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value):
             return None, "chat prompt must be a list of {role, content} messages"
         if not value:
             return None, "empty chat prompt"
@@ -343,12 +345,11 @@ def rows_out_errors(rows: list[dict]) -> list[dict]:
 
 def _count_errors(rows: list[dict]) -> dict:
     counts: dict[str, int] = {}
-    for r in rows:
-        if r["finish_reason"] == "error":
-            kind = r["error"].split(" (")[0].split(";")[0]
-            kind = "duplicate id" if kind.startswith("duplicate id") else kind
-            kind = "prompt too long" if kind.startswith("prompt has") else kind
-            counts[kind] = counts.get(kind, 0) + 1
+    for r in rows_out_errors(rows):
+        kind = r["error"].split(" (")[0].split(";")[0]
+        kind = "duplicate id" if kind.startswith("duplicate id") else kind
+        kind = "prompt too long" if kind.startswith("prompt has") else kind
+        counts[kind] = counts.get(kind, 0) + 1
     return counts
 
 
