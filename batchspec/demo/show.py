@@ -19,6 +19,8 @@ def main(output: str = "out/summarize_legal", data: str = "jobs/data/legal", n: 
     print(f"{parts.height} rows in {output}/part-*.parquet; {spec_rows.height} with speculation on"
           + (f", acceptance {acc:.2f}" if acc is not None else ""))
     print(f"status: batchspec status {output}")
+    print("note: the demo model has random weights, so these completions are not meaningful text; point "
+          "model.target at a real checkpoint for real work (docs/getting-started.md)")
 
 
 if __name__ == "__main__":
