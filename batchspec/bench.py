@@ -82,7 +82,7 @@ def run_bench(cfg: BenchConfig, echo: Callable[[str], None] = print) -> dict:
         costs = measure_costs(engine, bs, ks=tuple(sorted(set(cfg.ks) | {1, 8})))
         runs = _configurations(engine, model, tok, prompts, ids, config, cfg, bs)
         samples: dict[str, list] = {name: [] for name in runs}
-        for name, fn in runs.items():  # warm-up, untimed
+        for fn in runs.values():  # warm-up, untimed
             fn()
         for _ in range(cfg.repeats):
             for name, fn in runs.items():  # interleaved repetitions
@@ -200,7 +200,7 @@ def format_table(results: list[dict]) -> str:
            f"{'k':>5}{'c':>6}{'v':>6}{'pred':>6}{'eff':>6}"
     lines = [head, "-" * len(head)]
     for r in results:
-        def f(key, fmt):
+        def f(key, fmt, r=r):
             return format(r[key], fmt) if r.get(key) is not None else "-"
         lines.append(f"{r['batch_size']:>5}  {r['config']:<26}{r['tokens_per_s']:>8.1f}{r['speedup_vs_plain']:>8.2f}x"
                      f"{f('decode_speedup_vs_plain', '.2f'):>8}{f('alpha', '.3f'):>7}{f('mean_acceptance_length', '.2f'):>9}"

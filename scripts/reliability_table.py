@@ -36,7 +36,7 @@ def main() -> None:
         t["rows_lost"] += r["rows_lost"]
         t["rows_duplicated"] += r["rows_duplicated"]
         t["identical"] += r["identical"]
-    print(f"\n| fault | injected | runs completed | rows lost | rows duplicated | outputs identical |")
+    print("\n| fault | injected | runs completed | rows lost | rows duplicated | outputs identical |")
     print("|---|---|---|---|---|---|")
     for fault, t in table.items():
         print(f"| {fault} | {t['injected']} | {t['completed']}/{t['runs']} | {t['rows_lost']} | {t['rows_duplicated']} | "

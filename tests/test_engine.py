@@ -165,7 +165,6 @@ def test_sampled_speculative_matches_plain_token_distribution(models_dir):
     ids = engine.tokenize(["The tenant shall"])
     with torch.no_grad():
         logits = engine.target.model(torch.tensor(ids)).logits[0, -1]
-        second_ids = ids
     probs = logits.softmax(-1)
     N = 3000
     out, _ = engine.generate(ids * N, 2, params, seeds=list(range(N)), speculate=True, draft_length=2)
@@ -174,8 +173,7 @@ def test_sampled_speculative_matches_plain_token_distribution(models_dir):
     top = probs.argsort(descending=True)[:5]
     tol = 5 * (probs[top] * (1 - probs[top]) / N).sqrt() + 1e-3
     assert ((freq[top] - probs[top]).abs() <= tol).all(), (freq[top], probs[top])
-    assert second_ids  # the rows also decided a second (speculated) token without error
-    assert all(len(c.token_ids) == 2 for c in out)
+    assert all(len(c.token_ids) == 2 for c in out)  # the second token went through a speculative round
 
 
 def test_incompatible_draft_vocabulary_is_refused(models_dir, tmp_path):

@@ -10,7 +10,6 @@ import sys
 import time
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from conftest import local_writer, part_ids, record_fault, write_prompt_shards
 from test_runner import make_spec

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from batchspec.cli import app
-from batchspec.report import build_report, compare, render
+from batchspec.report import build_report, compare
 from batchspec.runner.store import OUTPUT_SCHEMA, OutputStore
 
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from batchspec.engine.sampling import ACCEPT, SAMPLE, SamplingParams, logits_to_probs, sample_from
+from batchspec.engine.sampling import ACCEPT, SamplingParams, logits_to_probs, sample_from
 from batchspec.engine.verify import greedy_verify, rejection_verify
 
 

@@ -102,9 +102,10 @@ def load_model(
 
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     dt = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, dev)
-    path = resolve_model_path(source, storage_options)
-    if not source.startswith("s3://") and "/" in source and not Path(source).exists() and source.startswith((".", "/")):
+    if source.startswith((".", "/", "~")) and not Path(source).expanduser().exists():
+        # A path, not a hub id: say so plainly instead of transformers' hub-lookup error.
         raise ModelLoadError(f"model directory {source} does not exist")
+    path = resolve_model_path(source, storage_options)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, trust_remote_code=trust_remote_code)
