@@ -1,6 +1,10 @@
-"""Prepare the demo: input shards of synthetic contracts, and the demo model if it is missing.
+"""Prepare the demo's input shards of synthetic contracts (and, on request, a random-weight model).
 
-    python -m batchspec.demo.setup            # idempotent; `make demo` runs it first
+    python -m batchspec.demo.setup                  # idempotent; `make demo` runs it first
+    python -m batchspec.demo.setup --random-model   # also build the random-weight small model
+                                                    # (scripts/bench_pipeline.py uses it)
+
+The demo job itself uses the trained pair committed under models/ (python -m batchspec.demo.train).
 """
 
 from __future__ import annotations
@@ -42,12 +46,12 @@ def build_demo_model(root: Path = MODEL_DIR) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--data-only", action="store_true", help="write the input shards only")
+    ap.add_argument("--random-model", action="store_true", help="also build the random-weight small model")
     args = ap.parse_args()
     for p in write_shards():
         print(f"input shard {p}")
-    if not args.data_only:
-        print(f"demo model {build_demo_model()}")
+    if args.random_model:
+        print(f"random-weight model {build_demo_model()}")
 
 
 if __name__ == "__main__":

@@ -14,13 +14,16 @@ def main(output: str = "out/summarize_legal", data: str = "jobs/data/legal", n: 
     for row in joined.iter_rows(named=True):
         print(f"--- {row['id']} ({row['kind']})\ncontract:   {row['contract'][:160]}...\nreference:  {row['reference']}"
               f"\ncompletion: {row['completion']!r}\n")
+    all_rows = parts.join(inputs, left_on="id", right_on="doc_id")
+    exact = sum(c is not None and c.strip() == r for c, r in zip(all_rows["completion"], all_rows["reference"]))
+    print(f"exact match with the reference summary: {exact} of {all_rows.height}")
     spec_rows = parts.filter(pl.col("spec_enabled"))
     acc = (spec_rows["accepted_tokens"].sum() / spec_rows["draft_tokens"].sum()) if spec_rows.height else None
     print(f"{parts.height} rows in {output}/part-*.parquet; {spec_rows.height} with speculation on"
           + (f", acceptance {acc:.2f}" if acc is not None else ""))
     print(f"status: batchspec status {output}")
-    print("note: the demo model has random weights, so these completions are not meaningful text; point "
-          "model.target at a real checkpoint for real work (docs/getting-started.md)")
+    print("note: the demo models were trained by this project on synthetic contracts only (docs/demo.md); "
+          "point model.target at a real checkpoint for real work")
 
 
 if __name__ == "__main__":

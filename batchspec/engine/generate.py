@@ -206,12 +206,15 @@ def generate(
         if not params.greedy:
             uniforms = gather_uniforms([randoms[r] for r in active], emitted_so_far, k + 1, device)  # [B, k+1, 3]
         t0 = time.perf_counter()
-        if k > 0:
+        proposed = k > 0
+        if proposed:
             proposal = proposer.propose(k, lengths, params, uniforms)
             lengths = proposal.lengths
-            step_ids = torch.cat([pending[:, None], proposal.tokens], dim=1)  # [B, k+1]
-        else:
-            step_ids = pending[:, None]  # [B, 1]
+            # A lookup draft may find fewer tokens than asked (or none): verify only what exists.
+            k = int(lengths.max())
+            draft_tokens = proposal.tokens[:, :k]  # [B, k]
+            draft_probs = proposal.draft_probs[:, :k] if proposal.draft_probs is not None else None
+        step_ids = torch.cat([pending[:, None], draft_tokens], dim=1) if k > 0 else pending[:, None]  # [B, k+1]
         synchronize()
         t1 = time.perf_counter()
 
@@ -224,10 +227,10 @@ def generate(
             else:
                 next_token = sample_from(logits_to_probs(logits[:, -1], params), uniforms[:, 0, SAMPLE])
         elif params.greedy:
-            n, next_token = greedy_verify(logits, proposal.tokens, lengths)
+            n, next_token = greedy_verify(logits, draft_tokens, lengths)
         else:
             target_probs = logits_to_probs(logits, params)  # [B, k+1, V]
-            n, next_token = rejection_verify(target_probs, proposal.draft_probs, proposal.tokens, lengths, uniforms)
+            n, next_token = rejection_verify(target_probs, draft_probs, draft_tokens, lengths, uniforms[:, : k + 1])
 
         # 5. Roll back rejected slots: keep pending and the accepted draft tokens (invariant in cache.py).
         if k > 0:
@@ -238,7 +241,7 @@ def generate(
 
         # 6. Emit n accepted draft tokens + the target's token per row, applying stop rules.
         n_list, next_list = n.tolist(), next_token.tolist()
-        draft_list = proposal.tokens.tolist() if k > 0 else None
+        draft_list = draft_tokens.tolist() if k > 0 else None
         len_list = lengths.tolist()
         emitted, done = [], []
         round_proposed = round_accepted = round_rejections = 0
@@ -257,11 +260,11 @@ def generate(
                 round_accepted += accepted
                 round_rejections += int(n_list[i] < len_list[i])
         if proposer is not None:
-            proposer.accept(n_list, emitted, proposed=k > 0)
+            proposer.accept(n_list, emitted, proposed=proposed)
         pending = next_token
         timing = RoundTiming(len(active), k, t1 - t0, t2 - t1, round_proposed, round_accepted, round_rejections)
         rounds.append(timing)
-        if draft_length is not None and k > 0:
+        if draft_length is not None and proposed:
             draft_length.observe(timing)
 
     for o in outputs:
