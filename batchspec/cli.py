@@ -78,6 +78,7 @@ def submit(
     """Run a job: every shard not yet committed at the output.
 
     Example: batchspec submit jobs/summarize_legal.yaml --set resources.actors=2
+
     Exit code 0 when every shard is committed, 1 when some failed (rerun them), 2 on a usage error.
     """
     _run(job, set_, address, force, quiet, log_format, require_existing=False)
@@ -95,6 +96,7 @@ def rerun(
     """Redo only the shards that are not done (failed, missing, or never started).
 
     Example: batchspec rerun jobs/summarize_legal.yaml
+
     Refused when the spec changed, or when the input of a committed shard changed, unless --force.
     """
     _run(job, set_, address, force, quiet, log_format, require_existing=True)
@@ -188,6 +190,7 @@ def report(
     """Cost, acceptance and latency of a run, from committed shards only.
 
     Example: batchspec report out/summarize_legal --format html --out report.html
+
     Example: batchspec report out/last_night --compare out/spec_off
     """
     from .report import build_report, compare, compare_text, render
