@@ -150,6 +150,8 @@ def main() -> None:
     ap.add_argument("--draft-lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
+    ap.add_argument("--only", choices=("both", "target", "draft"), default="both",
+                    help="retrain one model and keep the other (and the tokenizer) already in --out")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -157,12 +159,17 @@ def main() -> None:
     out = Path(args.out)
     tok_dir = build_tokenizer(out / "tokenizer")
     target_dir, draft_dir = out / "legal-target", out / "legal-draft"
-    runs = [train("legal-target", TARGET, tok_dir, target_dir, args.target_steps, args.target_lr, args.seed),
-            train("legal-draft", DRAFT, tok_dir, draft_dir, args.draft_steps, args.draft_lr, args.seed)]
+    runs = {}
+    if args.only in ("both", "target"):
+        runs["target"] = train("legal-target", TARGET, tok_dir, target_dir, args.target_steps, args.target_lr, args.seed)
+    if args.only in ("both", "draft"):
+        runs["draft"] = train("legal-draft", DRAFT, tok_dir, draft_dir, args.draft_steps, args.draft_lr, args.seed)
     ev = evaluate(target_dir, draft_dir)
     print(json.dumps(ev, indent=2))
-    for run, path, role in zip(runs, (target_dir, draft_dir), ("target", "draft")):
-        (path / "batchspec_train.json").write_text(json.dumps({**run, "evaluation": ev}, indent=2))
+    for role, path in (("target", target_dir), ("draft", draft_dir)):
+        record = path / "batchspec_train.json"
+        run = runs.get(role) or {k: v for k, v in json.loads(record.read_text()).items() if k != "evaluation"}
+        record.write_text(json.dumps({**run, "evaluation": ev}, indent=2))
         (path / "README.md").write_text(MODEL_CARD.format(role=role, **run, eval_contracts=ev["eval_contracts"]))
 
 
