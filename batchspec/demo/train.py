@@ -144,9 +144,9 @@ Evaluation (greedy, {eval_contracts} held-out contracts): see `batchspec_train.j
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="models")
-    ap.add_argument("--target-steps", type=int, default=2400)
+    ap.add_argument("--target-steps", type=int, default=2600)
     ap.add_argument("--draft-steps", type=int, default=2500)
-    ap.add_argument("--target-lr", type=float, default=1e-3)
+    ap.add_argument("--target-lr", type=float, default=1.5e-3)
     ap.add_argument("--draft-lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
