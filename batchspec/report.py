@@ -39,7 +39,7 @@ def load(output: str, storage_options: dict | None = None) -> tuple[dict, dict[s
     if job is None:
         raise FileNotFoundError(f"no batchspec job at {output} (missing _batchspec/job.json)")
     manifests = store.manifests()
-    done = {s: m for s, m in manifests.items() if m.get("status") == "done" and store.part_info(s) is not None}
+    done = {s: m for s, m in manifests.items() if store.committed(s, m)}
     other = {s: m for s, m in manifests.items() if s not in done}
     tables = [pl.from_arrow(store.read_part(s)) for s in sorted(done)]
     rows = pl.concat(tables, how="vertical") if tables else pl.DataFrame()

@@ -59,9 +59,7 @@ class JobResult:
 
 def is_committed(manifest: dict | None, shard: Shard, store: OutputStore) -> bool:
     """The manifest says done and its part exists (whatever the input looks like now)."""
-    if not manifest or manifest.get("status") != "done" or manifest.get("part") != store.part_name(shard.shard):
-        return False
-    return store.part_info(shard.shard) is not None
+    return store.committed(shard.shard, manifest)
 
 
 def shard_is_done(manifest: dict | None, shard: Shard, store: OutputStore) -> bool:
@@ -237,7 +235,7 @@ def status(output: str, storage_options: dict | None = None) -> dict:
     for shard in job.get("shards", []):
         m = manifests.get(shard)
         state = "pending" if m is None else m.get("status", "pending")
-        if state == "done" and store.part_info(shard) is None:
+        if state == "done" and not store.committed(shard, m):
             state = "pending"  # manifest without its part: not done
         rows.append({"shard": shard, "status": state, "rows": (m or {}).get("rows_out"),
                      "error_rows": (m or {}).get("error_rows", 0), "attempts": (m or {}).get("attempts", 0),

@@ -186,6 +186,12 @@ class OutputStore:
                 out[m["shard"]] = m
         return out
 
+    def committed(self, shard: str, manifest: dict | None) -> bool:
+        """The manifest says done, names this shard's part, and the part exists (readers trust this)."""
+        if not manifest or manifest.get("status") != "done" or manifest.get("part") != self.part_name(shard):
+            return False
+        return self.part_info(shard) is not None
+
     def part_info(self, shard: str) -> dict | None:
         try:
             return self.fs.info(self.part_path(shard))
