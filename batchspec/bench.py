@@ -31,6 +31,7 @@ from .engine.engine import measure_costs
 from .engine.generate import AdaptiveK
 from .engine.models import cache_root
 from .policy import Costs, LengthProfile, Policy, expected_tokens
+from .rates import acceptance_rate, mean_acceptance_length, per_token_acceptance
 
 
 @dataclass
@@ -167,14 +168,14 @@ def _row(name: str, bs: int, reps: list[dict], plain_tps: float, plain_decode_tp
     if "proposed" in reps[0] and reps[0]["proposed"]:
         acc = sum(r["accepted"] for r in reps)
         rej = sum(r["rejections"] for r in reps)
-        alpha = acc / (acc + rej) if acc + rej else 0.0
+        alpha = per_token_acceptance(acc, rej) or 0.0
         k = statistics.fmean(r["k_mean"] for r in reps)
         c = statistics.median(r["draft_step_s"] for r in reps) / step_s
         v = statistics.median(r["verify_s"] for r in reps) / step_s
         predicted = expected_tokens(alpha, k) / (k * c + v)
         decode_speedup = statistics.median(r["tokens"] / r["decode_s"] for r in reps) / plain_decode_tps
-        row.update({"k": k, "acceptance_rate": acc / sum(r["proposed"] for r in reps), "alpha": alpha,
-                    "mean_acceptance_length": 1 + acc / max(1e-9, sum(r["rounds"] * bs for r in reps)),
+        row.update({"k": k, "acceptance_rate": acceptance_rate(acc, sum(r["proposed"] for r in reps)), "alpha": alpha,
+                    "mean_acceptance_length": mean_acceptance_length(acc, sum(r["rounds"] * bs for r in reps)),
                     "draft_cost_ratio_c": c, "verify_cost_v": v, "predicted_speedup": predicted,
                     "decode_speedup_vs_plain": decode_speedup, "efficiency": decode_speedup / predicted})
     return row

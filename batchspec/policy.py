@@ -29,6 +29,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
+from .rates import per_token_acceptance
+
 
 def expected_tokens(alpha: float, k: int) -> float:
     """Mean tokens emitted per target pass: accepted draft tokens plus the target's own."""
@@ -136,7 +138,7 @@ class Acceptance:
 
     @property
     def estimate(self) -> float | None:
-        return self.accepted / self.trials if self.trials >= 8 else None
+        return per_token_acceptance(self.accepted, self.trials - self.accepted) if self.trials >= 8 else None
 
 
 class Policy:
@@ -161,7 +163,7 @@ class Policy:
         return float(statistics.fmean(self.new_tokens_seen[-256:]))
 
     def observe_round(self, k: int, draft_s: float, target_s: float, accepted: int, rejections: int) -> None:
-        if self.costs is not None:
+        if self.costs is not None and target_s > 0:  # 0: an untimed aggregate (the vllm backend's)
             self.costs.update(k, draft_s, target_s)
         if k > 0:
             self.prior.observe(accepted, rejections)

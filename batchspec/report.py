@@ -1,10 +1,11 @@
 """`batchspec report`: what a run cost, whether speculation paid, where the time went.
 
 Reads only committed shards (manifest status done, part present), local or s3://, with polars.
-Every rate is derived here from the raw counters in the parts and manifests (one place):
+Every figure is derived from the raw counters in the parts and manifests; the speculation rates
+use the one definition in rates.py:
 
-    acceptance_rate       = sum(accepted_tokens) / sum(draft_tokens) over rows with speculation on
-    mean_acceptance_len   = 1 + sum(accepted_tokens) / sum(spec_rounds)     (counts the bonus token)
+    acceptance_rate       = rates.acceptance_rate(sum(accepted_tokens), sum(draft_tokens)), rows with speculation on
+    mean_acceptance_len   = rates.mean_acceptance_length(sum(accepted_tokens), sum(spec_rounds))  (counts the bonus token)
     actor_seconds         = sum of committed shards' total time on their actor
     cost_usd              = actor_seconds / 3600 * gpu_hour_usd
     usd_per_million_tokens = cost_usd / completion_tokens * 1e6
@@ -24,6 +25,7 @@ from typing import Any
 import polars as pl
 
 from .policy import Costs
+from .rates import acceptance_rate, mean_acceptance_length
 from .runner.store import OutputStore
 
 
@@ -85,7 +87,7 @@ def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd:
         shards.append({
             "shard": s, "rows": part.height, "error_rows": part.height - part_ok.height, "completion_tokens": toks,
             "seconds": shard_s, "tokens_per_s": toks / shard_s if shard_s else None, "cost_usd": shard_s / 3600 * price,
-            "spec_rows": part_spec.height, "acceptance_rate": d_acc / d_draft if d_draft else None,
+            "spec_rows": part_spec.height, "acceptance_rate": acceptance_rate(d_acc, d_draft),
             "decisions": [d["reason"] for d in m.get("decisions", [])], "attempts": m.get("attempts"),
         })
     shards.sort(key=lambda r: (r["tokens_per_s"] is not None, r["tokens_per_s"] or 0.0))  # slowest first
@@ -101,9 +103,9 @@ def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd:
         "cost_usd": cost, "usd_per_million_tokens": cost / completion * 1e6 if completion else None,
         "spec_rows": spec.height, "plain_rows": ok.height - spec.height,
         "spec_shards": sum(1 for r in shards if r["spec_rows"]), "plain_shards": sum(1 for r in shards if not r["spec_rows"]),
-        "acceptance_rate": accepted / drafted if drafted else None,
+        "acceptance_rate": acceptance_rate(accepted, drafted),
         "acceptance_rate_quantiles": _quantiles(per_row_acc, (0.1, 0.5, 0.9)),
-        "mean_acceptance_length": 1 + accepted / rounds if rounds else None,
+        "mean_acceptance_length": mean_acceptance_length(accepted, rounds),
         "estimated_saving_s": _saving_s(rows, manifests) if spec.height else 0.0,
         "ttft_s": _quantiles(ok["ttft_s"]) if ok.height else {}, "latency_s": _quantiles(ok["latency_s"]) if ok.height else {},
         "shards": shards,

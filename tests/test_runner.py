@@ -20,7 +20,8 @@ def make_spec(models_dir, inp, out, input_opts=None, output_opts=None, **extra):
         "name": "t",
         "input": {"path": inp, "id_column": "doc_id", "storage_options": input_opts or {}},
         "output": {"path": out, "storage_options": output_opts or {}},
-        "model": {"target": str(models_dir / "llama-target"), "draft": {"kind": "ngram"}},
+        # The runner's mechanics are tested on the hf reference engine; test_vllm_backend runs vllm.
+        "model": {"target": str(models_dir / "llama-target"), "draft": {"kind": "ngram"}, "backend": "hf"},
         "generation": {"max_new_tokens": 8},
         "speculation": {"mode": "on"},
         "resources": {"actors": 1, "batch_size": 4},

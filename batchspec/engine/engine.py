@@ -32,9 +32,16 @@ class Completion:
     text: str
     token_ids: list[int]
     stats: RowStats
+    error: str | None = None  # set when the backend could not generate this row (it becomes an error row)
 
 
 class Engine:
+    """The hf backend (see backend.py for the surface it shares with the vllm backend)."""
+
+    name = "hf"
+    rows_per_call: int | None = None  # the runner's micro-batch (resources.batch_size)
+    per_round_k = True  # a DraftLength rule sees every round (AdaptiveK, policy.CostModelK)
+
     def __init__(self, target: LoadedModel, draft: DraftSpec, draft_module: torch.nn.Module | None = None,
                  draft_source: str | None = None):
         self.target = target
@@ -75,6 +82,17 @@ class Engine:
     @property
     def tokenizer(self):
         return self.target.tokenizer
+
+    @property
+    def target_source(self) -> str:
+        return self.target.source
+
+    @property
+    def draft_kind(self) -> str:
+        return self.draft.kind
+
+    def measure_costs(self, batch_size: int) -> dict:
+        return measure_costs(self, batch_size)
 
     def tokenize(self, prompts: list[str]) -> list[list[int]]:
         return self.tokenizer(prompts, add_special_tokens=True)["input_ids"]

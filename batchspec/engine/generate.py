@@ -42,6 +42,7 @@ class RowStats:
     draft_tokens: int = 0  # proposed by the draft for this row
     accepted_tokens: int = 0  # of those, accepted by the target and emitted
     spec_rounds: int = 0  # target passes in which this row verified at least one draft token
+    rejections: int = 0  # of those, passes cut short by a rejected draft token (policy's acceptance trials)
     ttft_s: float = 0.0  # batch start -> first token of this row
     latency_s: float = 0.0  # batch start -> this row finished
     finish_reason: str = "length"  # stop | length
@@ -256,6 +257,7 @@ def generate(
                 stats.draft_tokens += len_list[i]
                 stats.accepted_tokens += accepted
                 stats.spec_rounds += 1
+                stats.rejections += int(n_list[i] < len_list[i])
                 round_proposed += len_list[i]
                 round_accepted += accepted
                 round_rejections += int(n_list[i] < len_list[i])

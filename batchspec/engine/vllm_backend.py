@@ -1,0 +1,229 @@
+"""The vllm backend: vLLM's LLM behind batchspec's backend surface (see backend.py).
+
+    backend = VLLMBackend.load(spec.model, k_default=4)
+    completions, result = backend.generate(prompt_ids, 64, SamplingParams(), speculate=True, draft_length=4)
+
+What batchspec adds on top of a bare `LLM.generate`, and how:
+
+- Per-shard speculation on/off and k with weights loaded once. The engine is built with vLLM's
+  dynamic speculative schedule (`num_speculative_tokens_per_batch_size`), whose dense
+  batch-size -> k table lives in the scheduler. Before each call we fill that table with the k
+  the policy chose, or 0 to decode plainly. This needs the engine core in this process
+  (VLLM_ENABLE_V1_MULTIPROCESSING=0), which is also what a Ray actor wants. docs/policy.md has
+  the measured cost of a switch (none beyond the call boundary) and of k=0 against a plain engine.
+- Per-row stats from vLLM's per-request metrics (`per_request_spec_decode_metrics="summary"`):
+  draft tokens, accepted tokens (sum of the acceptance histogram), verify steps; ttft and latency
+  from the request's own timestamps. docs/output.md says where a column is approximate.
+- A whole shard per call, so continuous batching keeps the batch full as rows finish.
+- A call that fails (a row vLLM rejects) is retried row by row: the bad row becomes an error
+  row, the rest of the shard is generated.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from .engine import Completion
+from .generate import BatchResult, RoundTiming, RowStats
+from .sampling import SamplingParams
+
+log = logging.getLogger("batchspec.engine")
+
+
+def speculative_config(draft_kind: str, draft_path: str | None, max_ngram: int, k_max: int) -> dict | None:
+    """vLLM's speculative_config for a batchspec draft kind (None for kind 'none')."""
+    if draft_kind == "none":
+        return None
+    method = {"model": "draft_model", "ngram": "ngram", "eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa",
+              "mtp": "mtp"}[draft_kind]
+    cfg: dict = {"method": method, "num_speculative_tokens": k_max,
+                 # A one-range schedule whose k the backend rewrites per call (module docstring).
+                 "num_speculative_tokens_per_batch_size": [(1, 1 << 20, k_max)]}
+    if draft_kind == "ngram":
+        cfg.update(prompt_lookup_max=max_ngram, prompt_lookup_min=1)
+    elif draft_path:
+        cfg["model"] = draft_path
+    return cfg
+
+
+def engine_args(spec_model, k_max: int, on_gpu: bool) -> dict:
+    """vllm.LLM keyword arguments for a spec.ModelSpec (local paths already resolved)."""
+    from .models import resolve_model_path
+
+    so = spec_model.storage_options
+    d = spec_model.draft
+    dtype = spec_model.dtype
+    if dtype == "auto" and not on_gpu:
+        dtype = "float32"  # as the hf backend: exact parity on CPU; set bfloat16 for speed on AMX CPUs
+    args = {
+        "model": resolve_model_path(spec_model.target, so), "dtype": dtype, "seed": 0,
+        "trust_remote_code": spec_model.trust_remote_code,
+        # CUDA graphs and torch.compile pay back on GPUs; on CPU they cost ~2 minutes of start-up.
+        "enforce_eager": not on_gpu,
+        "disable_log_stats": False,  # per-request timestamps (ttft_s, latency_s)
+        "speculative_config": speculative_config(d.kind, resolve_model_path(d.path, so) if d.path else None,
+                                                 d.max_ngram, k_max),
+    }
+    if not on_gpu and not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(spec_model.vllm_args):
+        # On CPU vLLM otherwise reserves 92% of the machine's RAM up front (its gpu_memory_utilization
+        # default), which fails beside Ray's object store. 2 GiB of KV cache holds e.g. 64 rows x 2k
+        # tokens of a 1B model; raise it with vllm_args: {kv_cache_memory_bytes: ...}.
+        args["kv_cache_memory_bytes"] = 2 << 30
+    if args["speculative_config"] is not None:
+        args["per_request_spec_decode_metrics"] = "summary"
+    args.update(spec_model.vllm_args)
+    return args
+
+
+class VLLMBackend:
+    name = "vllm"
+    rows_per_call = 0  # 0: a whole shard per call (vLLM schedules it); probes use the runner's batch
+    per_round_k = False  # k is fixed for a call; the policy re-picks it between calls
+
+    def __init__(self, llm, tokenizer, draft_kind: str, target_source: str, draft_source: str | None, k_max: int):
+        self.llm, self.tokenizer = llm, tokenizer
+        self.draft_kind, self.target_source, self.draft_source = draft_kind, target_source, draft_source
+        self.k_max = k_max
+        self.max_context = int(llm.llm_engine.model_config.max_model_len)
+        self.max_batch = int(llm.llm_engine.vllm_config.scheduler_config.max_num_seqs)
+        self._scheduler = None
+        if draft_kind != "none":
+            try:  # in-process engine core (see module docstring)
+                self._scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+            except AttributeError:
+                raise RuntimeError("the vllm backend needs vLLM's engine core in process: set "
+                                   "VLLM_ENABLE_V1_MULTIPROCESSING=0 before vLLM is imported") from None
+
+    @classmethod
+    def load(cls, spec_model, k_default: int = 4) -> "VLLMBackend":
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        import torch
+        from transformers import AutoTokenizer
+        from vllm import LLM
+
+        d = spec_model.draft
+        # Learned drafts have a fixed number of heads/steps; the others can go up to 8 (policy k_max).
+        k_max = k_default if d.kind in ("medusa", "mtp", "eagle", "eagle3") else max(8, k_default)
+        on_gpu = spec_model.device.startswith("cuda") or (spec_model.device == "auto" and torch.cuda.is_available())
+        args = engine_args(spec_model, k_max, on_gpu)
+        llm = LLM(**args)
+        tokenizer = AutoTokenizer.from_pretrained(args["model"], trust_remote_code=spec_model.trust_remote_code)
+        source = {"model": d.path, "ngram": f"ngram (max {d.max_ngram})", "none": None}.get(d.kind, d.path or d.kind)
+        return cls(llm, tokenizer, d.kind, spec_model.target, source, k_max)
+
+    def tokenize(self, prompts: list[str]) -> list[list[int]]:
+        return self.tokenizer(prompts, add_special_tokens=True)["input_ids"]
+
+    def set_k(self, k: int) -> int:
+        """Speculate with k tokens (0 = plain decoding) from the next engine step on; returns k used."""
+        if self._scheduler is None:
+            return 0
+        k = max(0, min(k, self.k_max))
+        table = self._scheduler.dynamic_sd_lookup
+        table[:] = [k] * len(table)
+        return k
+
+    def generate(self, prompt_ids: list[list[int]], max_new_tokens: int = 256,
+                 sampling: SamplingParams = SamplingParams(), stop: tuple[str, ...] = (),
+                 seeds: list[int] | None = None, speculate: bool = True, draft_length=None,
+                 max_new_per_row: list[int] | None = None) -> tuple[list[Completion], BatchResult]:
+        """One call over all rows. draft_length: an int k, or a rule whose next_k() gives it."""
+        k = draft_length if isinstance(draft_length, int) else (draft_length.next_k() if draft_length else 4)
+        k = self.set_k(k if speculate else 0)
+        caps = max_new_per_row or [max_new_tokens] * len(prompt_ids)
+        params = [self._params(sampling, stop, cap, seeds[i] if seeds else None) for i, cap in enumerate(caps)]
+        try:
+            outs = self._run(prompt_ids, params)
+        except Exception as e:  # one row vLLM refuses must not cost the others: retry one by one
+            log.warning("vllm call over %d rows failed (%s); retrying row by row", len(prompt_ids), type(e).__name__)
+            outs = []
+            for ids, p in zip(prompt_ids, params):
+                try:
+                    outs.extend(self._run([ids], [p]))
+                except Exception as row_error:
+                    outs.append(f"{type(row_error).__name__}: {str(row_error).splitlines()[0][:200]}")
+        completions = [self._completion(o, len(ids), k) for o, ids in zip(outs, prompt_ids)]
+        # One aggregate entry for the policy's acceptance estimate; vLLM does not time rounds (target_s 0).
+        ok = [c.stats for c in completions if c.error is None]
+        accepted = sum(s.accepted_tokens for s in ok)
+        rounds = [RoundTiming(len(prompt_ids), k, 0.0, 0.0, sum(s.draft_tokens for s in ok), accepted,
+                              sum(s.rejections for s in ok))] if k else []
+        return completions, BatchResult([], rounds)
+
+    def _run(self, prompt_ids, params):
+        return self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+
+    @staticmethod
+    def _params(sampling: SamplingParams, stop: tuple[str, ...], max_tokens: int, seed: int | None, **extra):
+        from vllm import SamplingParams as VParams
+
+        kw = {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_tokens": max(1, max_tokens),
+              "stop": list(stop) or None, "skip_special_tokens": True, **extra}
+        if sampling.top_k:
+            kw["top_k"] = sampling.top_k
+        if seed is not None and not sampling.greedy:
+            kw["seed"] = seed
+        return VParams(**kw)
+
+    def _completion(self, out, prompt_tokens: int, k: int) -> Completion:
+        if isinstance(out, str):  # the row's error message
+            stats = RowStats(prompt_tokens=prompt_tokens, finish_reason="error")
+            return Completion("", [], stats, error=out)
+        o = out.outputs[0]
+        stats = RowStats(prompt_tokens=prompt_tokens, completion_tokens=len(o.token_ids),
+                         finish_reason="stop" if o.finish_reason == "stop" else "length")
+        m = o.spec_decode_metrics
+        if m is not None:
+            # histogram[j] = verify steps in which j draft tokens were accepted (bonus token not counted).
+            stats.accepted_tokens = sum(j * n for j, n in enumerate(m.histogram))
+            stats.draft_tokens = m.num_draft_tokens
+            stats.spec_rounds = sum(m.histogram)
+            # Steps that accepted fewer than k were cut short by a rejection (a step drafting fewer than
+            # k near max_tokens counts too: the estimate errs low by at most one trial per row).
+            stats.rejections = sum(m.histogram[:k])
+        t = out.metrics  # RequestStateStats: monotonic timestamps of this request
+        if t is not None and t.first_token_ts:
+            stats.ttft_s = float(t.first_token_latency)
+            stats.latency_s = float(t.first_token_latency + max(0.0, t.last_token_ts - t.first_token_ts))
+        return Completion(o.text, list(o.token_ids), stats)
+
+    def measure_costs(self, batch_size: int, prompt_tokens: int = 64, new_tokens: int = 16, repeats: int = 2) -> dict:
+        """The policy's costs measured through vLLM at this concurrency (cf. engine.measure_costs).
+
+        vLLM does not split a speculative step into draft and verify, so a round's whole cost (k draft
+        steps + one verify of k+1 tokens) is reported as verify_s[k] and draft_step_s is 0: the
+        policy's k*draft + verify(k) is then exactly the measured round.
+        """
+        import random
+
+        rng = random.Random(0)
+        vocab = len(self.tokenizer)
+        low = 8 if vocab > 64 else 0
+        P = min(prompt_tokens, self.max_context // 2)
+        T = max(2, min(new_tokens, self.max_context - P - 1))
+        prompts = [[rng.randrange(low, vocab) for _ in range(P)] for _ in range(batch_size)]
+
+        def timed(k: int, max_tokens: int) -> tuple[float, list]:
+            self.set_k(k)
+            params = [self._params(SamplingParams(), (), max_tokens, None, ignore_eos=True)] * batch_size
+            best, outs = float("inf"), None
+            for _ in range(repeats + 1):  # the first run warms up
+                t = time.perf_counter()
+                outs = self._run(prompts, params)
+                best = min(best, time.perf_counter() - t)
+            return best, outs
+
+        first, _ = timed(0, 1)  # prefill + first token
+        plain, _ = timed(0, T)
+        step = max((plain - first) / (T - 1), 1e-9)
+        verify = {}
+        if self._scheduler is not None:
+            for k in sorted({1, 2, 4, self.k_max} & set(range(1, self.k_max + 1))):
+                total, outs = timed(k, T)
+                # Each verify step emits 1 + accepted tokens per row, so steps = (T - 1) - accepted.
+                steps = sum(T - 1 - self._completion(o, P, k).stats.accepted_tokens for o in outs) / len(outs)
+                verify[k] = max((total - first) / max(steps, 1.0), 1e-9)
+        return {"batch_size": batch_size, "prefill_token_s": first / P, "target_step_s": step,
+                "verify_s": verify or {1: step}, "draft_step_s": 0.0, "draft_prefill_token_s": 0.0}

