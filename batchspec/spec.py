@@ -101,7 +101,11 @@ class ResourcesSpec(_Strict):
     actors: int = Field(1, ge=1, description="Generation actors (each loads the target and draft once).")
     gpus_per_actor: float = Field(0, ge=0, description="GPUs per actor; 0 = CPU actors.")
     cpus_per_actor: float = Field(1, gt=0, description="CPUs reserved per actor.")
-    batch_size: int = Field(8, ge=1, description="Rows per micro-batch inside a shard.")
+    batch_size: int = Field(8, ge=1, description="Rows per micro-batch inside a shard (hf backend); on vllm, the size of "
+                            "the probe that measures acceptance before a shard's rows go to the engine at once.")
+    shards_per_call: int | None = Field(
+        None, ge=1, description="Shards an actor takes at a time. Default: 1 on hf; on vllm, an equal share of the "
+        "job's shards per actor, at most 8, so that shards with the same decision share one engine call.")
 
 
 class CostSpec(_Strict):

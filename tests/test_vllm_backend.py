@@ -18,6 +18,7 @@ from batchspec.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_JOB = ROOT / "jobs" / "summarize_legal.yaml"
+SHARDS = ("prompts-0000", "prompts-0001")  # 24 demo contracts each
 
 
 def test_choose_backend_says_why_and_refuses_in_one_line(monkeypatch):
@@ -41,6 +42,37 @@ def test_choose_backend_says_why_and_refuses_in_one_line(monkeypatch):
         choose_backend("auto", "medusa")
 
 
+def test_quantized_draft_is_served_by_vllm_on_gpu_only(monkeypatch):
+    import batchspec.engine.backend as backend
+
+    monkeypatch.setattr(backend, "vllm_installed", lambda: True)
+    assert choose_backend("auto", "quantized", gpu=True)[0] == "vllm"
+    assert choose_backend("auto", "quantized", gpu=False) == (
+        "hf", "auto: vLLM has no 'quantized' draft on CPU, so batchspec's own engine serves it")
+    with pytest.raises(ValueError, match="no 'quantized' draft on CPU actors"):
+        choose_backend("vllm", "quantized", gpu=False)
+
+
+def test_every_vllm_draft_kind_maps_to_a_vllm_method():
+    from batchspec.engine.backend import VLLM_GPU_DRAFT_KINDS
+    from batchspec.engine.vllm_backend import speculative_config
+
+    cfgs = {kind: speculative_config(kind, "/ckpt/draft", 3, 4, target_path="/ckpt/target")
+            for kind in VLLM_GPU_DRAFT_KINDS}
+    assert cfgs.pop("none") is None
+    assert {k: c["method"] for k, c in cfgs.items()} == {
+        "model": "draft_model", "ngram": "ngram", "eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa",
+        "mtp": "mtp", "quantized": "draft_model"}
+    assert cfgs["quantized"]["model"] == "/ckpt/target" and cfgs["quantized"]["quantization"] == "fp8"
+    assert cfgs["ngram"]["prompt_lookup_max"] == 3 and "model" not in cfgs["ngram"]
+    assert cfgs["eagle3"]["model"] == "/ckpt/draft"
+    # Every config carries the one-range schedule whose k the backend rewrites per call.
+    assert all(c["num_speculative_tokens_per_batch_size"][0][2] == c["num_speculative_tokens"] == 4
+               for c in cfgs.values())
+    with pytest.raises(ValueError, match="fp8 only"):
+        speculative_config("quantized", None, 3, 4, target_path="/ckpt/target", bits=4)
+
+
 def test_validate_refuses_a_draft_the_backend_cannot_serve():
     from batchspec.runner.validate import validate_job
 
@@ -62,7 +94,7 @@ def demo_prompt_ids():
 
     spec = load_spec(DEMO_JOB)
     tok = AutoTokenizer.from_pretrained(ROOT / "models" / "legal-target")
-    rows = pq.read_table(ROOT / "jobs/data/legal/prompts-0000.parquet").to_pylist()
+    rows = [r for s in SHARDS for r in pq.read_table(ROOT / f"jobs/data/legal/{s}.parquet").to_pylist()]
     prompts = [spec.input.template.format(**r) for r in rows]
     return tok(prompts, add_special_tokens=True)["input_ids"]
 
@@ -138,22 +170,38 @@ def test_vllm_costs_for_the_policy(vllm_backend):
 
 
 def test_submit_on_vllm_matches_hf_and_records_the_backend(ray_session, tmp_path, hf_reference):
+    """Two shards through Ray on the vllm backend: same rows as hf, decisions and backend recorded,
+    and both shards' rows in one engine call after the probe (batch_size is the call's concurrency:
+    40 rows -> 32; a call per shard would show 16)."""
     _require_vllm()
+    import shutil
+
     from batchspec.runner.job import submit
     from batchspec.runner.store import OutputStore
 
-    out = tmp_path / "out"
-    spec = load_spec(DEMO_JOB, [f"input.path={ROOT / 'jobs/data/legal/prompts-0000.parquet'}", f"output.path={out}",
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    for s in SHARDS:
+        shutil.copy(ROOT / f"jobs/data/legal/{s}.parquet", inp)
+    spec = load_spec(DEMO_JOB, [f"input.path={inp}", f"output.path={out}",
                                 f"model.target={ROOT / 'models/legal-target'}",
                                 f"model.draft.path={ROOT / 'models/legal-draft'}",
                                 "generation.max_new_tokens=48", "model.backend=auto"])
     result = submit(spec)
     assert result.ok and result.rows == len(hf_reference[1])
     store = OutputStore(str(out))
-    (manifest,) = store.manifests().values()
-    assert manifest["backend"] == "vllm" and manifest["decisions"]
+    manifests = store.manifests()
+    assert sorted(manifests) == list(SHARDS)
+    assert all(m["backend"] == "vllm" and m["decisions"] for m in manifests.values())
     assert store.read_job()["runs"][-1]["backend"] == "vllm"
-    rows = sorted(store.read_part(manifest["shard"]).to_pylist(), key=lambda r: r["row_index"])
+    first = manifests[SHARDS[0]]["decisions"]
+    assert "probe" in first[0]["reason"] and manifests[SHARDS[1]]["decisions"][0]["at_row"] == 0
+    assert sum(m["timings"]["calibrate_s"] > 0 for m in manifests.values()) == 1  # paid once, by one shard
+    rows = [r for s in SHARDS for r in sorted(store.read_part(s).to_pylist(), key=lambda r: r["row_index"])]
     assert [r["completion"] for r in rows] == hf_reference[1]
     on = [r for r in rows if r["spec_enabled"]]
     assert on and all(r["draft_kind"] == "model" and r["draft_tokens"] >= r["accepted_tokens"] for r in on)
+    probe = spec.resources.batch_size
+    shared = [r for r in rows if r["batch_size"] == 32]
+    assert len(shared) == len(rows) - probe, sorted({r["batch_size"] for r in rows})
+    assert {r["shard"] for r in shared} == set(SHARDS)

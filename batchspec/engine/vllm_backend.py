@@ -32,17 +32,22 @@ from .sampling import SamplingParams
 log = logging.getLogger("batchspec.engine")
 
 
-def speculative_config(draft_kind: str, draft_path: str | None, max_ngram: int, k_max: int) -> dict | None:
+def speculative_config(draft_kind: str, draft_path: str | None, max_ngram: int, k_max: int,
+                       target_path: str | None = None, bits: int = 8) -> dict | None:
     """vLLM's speculative_config for a batchspec draft kind (None for kind 'none')."""
     if draft_kind == "none":
         return None
-    method = {"model": "draft_model", "ngram": "ngram", "eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa",
-              "mtp": "mtp"}[draft_kind]
+    method = {"model": "draft_model", "quantized": "draft_model", "ngram": "ngram", "eagle": "eagle",
+              "eagle3": "eagle3", "medusa": "medusa", "mtp": "mtp"}[draft_kind]
     cfg: dict = {"method": method, "num_speculative_tokens": k_max,
                  # A one-range schedule whose k the backend rewrites per call (module docstring).
                  "num_speculative_tokens_per_batch_size": [(1, 1 << 20, k_max)]}
     if draft_kind == "ngram":
         cfg.update(prompt_lookup_max=max_ngram, prompt_lookup_min=1)
+    elif draft_kind == "quantized":  # GPU only (backend.py): the target's weights, fp8 as vLLM loads them
+        if bits != 8:
+            raise ValueError("the vllm backend quantizes a draft to fp8 only; set model.draft.bits: 8 (or backend: hf)")
+        cfg.update(model=target_path, quantization="fp8")
     elif draft_path:
         cfg["model"] = draft_path
     return cfg
@@ -57,14 +62,15 @@ def engine_args(spec_model, k_max: int, on_gpu: bool) -> dict:
     dtype = spec_model.dtype
     if dtype == "auto" and not on_gpu:
         dtype = "float32"  # as the hf backend: exact parity on CPU; set bfloat16 for speed on AMX CPUs
+    target = resolve_model_path(spec_model.target, so)
     args = {
-        "model": resolve_model_path(spec_model.target, so), "dtype": dtype, "seed": 0,
+        "model": target, "dtype": dtype, "seed": 0,
         "trust_remote_code": spec_model.trust_remote_code,
         # CUDA graphs and torch.compile pay back on GPUs; on CPU they cost ~2 minutes of start-up.
         "enforce_eager": not on_gpu,
         "disable_log_stats": False,  # per-request timestamps (ttft_s, latency_s)
         "speculative_config": speculative_config(d.kind, resolve_model_path(d.path, so) if d.path else None,
-                                                 d.max_ngram, k_max),
+                                                 d.max_ngram, k_max, target, d.bits),
     }
     if not on_gpu and not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(spec_model.vllm_args):
         # On CPU vLLM otherwise reserves 92% of the machine's RAM up front (its gpu_memory_utilization
@@ -110,7 +116,8 @@ class VLLMBackend:
         args = engine_args(spec_model, k_max, on_gpu)
         llm = LLM(**args)
         tokenizer = AutoTokenizer.from_pretrained(args["model"], trust_remote_code=spec_model.trust_remote_code)
-        source = {"model": d.path, "ngram": f"ngram (max {d.max_ngram})", "none": None}.get(d.kind, d.path or d.kind)
+        source = {"model": d.path, "ngram": f"ngram (max {d.max_ngram})", "quantized": f"{spec_model.target} (fp8)",
+                  "none": None}.get(d.kind, d.path or d.kind)
         return cls(llm, tokenizer, d.kind, spec_model.target, source, k_max)
 
     def tokenize(self, prompts: list[str]) -> list[list[int]]:
@@ -189,12 +196,14 @@ class VLLMBackend:
             stats.latency_s = float(t.first_token_latency + max(0.0, t.last_token_ts - t.first_token_ts))
         return Completion(o.text, list(o.token_ids), stats)
 
-    def measure_costs(self, batch_size: int, prompt_tokens: int = 64, new_tokens: int = 16, repeats: int = 2) -> dict:
+    def measure_costs(self, batch_size: int, prompt_tokens: int = 64, new_tokens: int = 8, repeats: int = 1) -> dict:
         """The policy's costs measured through vLLM at this concurrency (cf. engine.measure_costs).
 
         vLLM does not split a speculative step into draft and verify, so a round's whole cost (k draft
         steps + one verify of k+1 tokens) is reported as verify_s[k] and draft_step_s is 0: the
-        policy's k*draft + verify(k) is then exactly the measured round.
+        policy's k*draft + verify(k) is then exactly the measured round. One warm-up call, then each
+        figure from `repeats` timed calls (7 calls in all by default: a few seconds at batch 32 for a
+        100M model on 2 CPU cores; the first version's 18 calls of 16 tokens took 72 s there).
         """
         import random
 
@@ -209,12 +218,13 @@ class VLLMBackend:
             self.set_k(k)
             params = [self._params(SamplingParams(), (), max_tokens, None, ignore_eos=True)] * batch_size
             best, outs = float("inf"), None
-            for _ in range(repeats + 1):  # the first run warms up
+            for _ in range(repeats):
                 t = time.perf_counter()
                 outs = self._run(prompts, params)
                 best = min(best, time.perf_counter() - t)
             return best, outs
 
+        timed(0, T)  # warm-up
         first, _ = timed(0, 1)  # prefill + first token
         plain, _ = timed(0, T)
         step = max((plain - first) / (T - 1), 1e-9)

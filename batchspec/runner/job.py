@@ -151,7 +151,7 @@ def pick_backend(spec: JobSpec) -> tuple[str, str]:
     from ..engine.backend import choose_backend
 
     try:
-        return choose_backend(spec.model.backend, spec.model.draft.kind)
+        return choose_backend(spec.model.backend, spec.model.draft.kind, gpu=spec.resources.gpus_per_actor > 0)
     except ValueError as e:
         raise JobRefused(str(e)) from None
 
@@ -183,8 +183,9 @@ def _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0, back
             # with one busy neighbour, 34.7 tok/s spinning vs 51.9 passive (quiet: 95 vs 86).
             remote_args["runtime_env"] = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
         ds = ray.data.from_items([{"shard": json.dumps(s.to_json())} for s in todo], override_num_blocks=len(todo))
+        per_call = res.shards_per_call or (min(8, -(-len(todo) // res.actors)) if backend[0] == "vllm" else 1)
         ds = ds.map_batches(
-            ShardWorker, batch_size=1, compute=ray.data.ActorPoolStrategy(size=min(res.actors, len(todo))),
+            ShardWorker, batch_size=per_call, compute=ray.data.ActorPoolStrategy(size=min(res.actors, len(todo))),
             num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor or None,
             fn_constructor_kwargs={"spec_json": spec.model_dump_json(), "job_id": job_id, "threads": threads,
                                    "backend": backend[0]},

@@ -76,7 +76,7 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
     from ..engine.backend import choose_backend
 
     try:
-        backend, why = choose_backend(spec.model.backend, spec.model.draft.kind)
+        backend, why = choose_backend(spec.model.backend, spec.model.draft.kind, gpu=spec.resources.gpus_per_actor > 0)
         v.notes.append(f"backend: {backend} ({why})")
     except ValueError as e:
         v.problems.append(str(e))

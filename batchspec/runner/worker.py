@@ -47,6 +47,29 @@ class RowInput:
     token_ids: list[int] = field(default_factory=list)
 
 
+@dataclass
+class ShardWork:
+    """A shard between reading and committing: its rows, the policy's decisions, results so far."""
+
+    shard: Shard
+    base: dict  # manifest fields known at the start
+    attempt: int
+    rows_in: int
+    rows: list[RowInput]  # every input row, in input order (error rows included)
+    valid: list[RowInput]  # rows to generate, shortest prompt first
+    t0: float
+    read_s: float
+    profile: LengthProfile | None = None
+    decisions: list = field(default_factory=list)
+    results: dict = field(default_factory=dict)  # row_index -> (Completion, Decision, batch size)
+    done: int = 0  # rows of `valid` generated so far
+    gen_s: float = 0.0  # this shard's share of generation time
+    calibrate_s: float = 0.0  # cost measurement this shard paid for (the first at a new concurrency)
+
+    def completion_tokens(self) -> int:
+        return sum(o.stats.completion_tokens for o, _, _ in self.results.values())
+
+
 class ShardReadError(RuntimeError):
     """The shard's file cannot be read or lacks a required column: the shard fails, alone."""
 
@@ -159,7 +182,7 @@ class ShardRunner:
         self.spec, self.job_id = spec, job_id
         m = spec.model
         if engine is None:
-            backend = backend or choose_backend(m.backend, m.draft.kind)[0]
+            backend = backend or choose_backend(m.backend, m.draft.kind, gpu=spec.resources.gpus_per_actor > 0)[0]
             engine = load_backend(backend, m, k_default=spec.speculation.num_speculative_tokens)
         self.engine = engine  # a backend: engine.Engine (hf) or vllm_backend.VLLMBackend
         self.store = OutputStore(spec.output.path, spec.output.storage_options)
@@ -179,13 +202,16 @@ class ShardRunner:
         n = max(1, min(rows, self.engine.max_batch))
         return 1 << (n.bit_length() - 1)
 
-    def calibrate_for(self, rows: int) -> None:
+    def calibrate_for(self, rows: int) -> float:
+        """Give the policy costs measured at this shard's concurrency; returns the seconds spent
+        measuring (0 when already known), which the manifest reports and the cost report counts."""
         if not self.calibrate or rows == 0:
-            return
-        b = self.concurrency(rows)
+            return 0.0
+        b, t0 = self.concurrency(rows), time.perf_counter()
         if b not in self.costs_by_batch:
             self.costs_by_batch[b] = Costs(**self.engine.measure_costs(b))
         self.policy.calibrate(self.costs_by_batch[b])
+        return time.perf_counter() - t0
 
     def draft_length(self, k: int):
         from ..engine import FixedK
@@ -202,24 +228,59 @@ class ShardRunner:
         return FixedK(k)
 
     def run(self, shard: Shard) -> dict:
-        """Process one shard and commit it; returns the shard manifest (also written to the store).
+        """Process one shard and commit it; returns the shard manifest (also written to the store)."""
+        return self.run_many([shard])[0]
 
-        Any failure fails this shard alone: its manifest records the error (when the store can be
-        reached at all) and the actor moves on to the next shard."""
-        try:
-            return self._run(shard)
-        except Exception as e:  # storage errors after retries, OOM, a bug: never take the job down
-            error = f"{type(e).__name__}: {e}"
-            log_event(log, f"shard failed: {error}", logging.ERROR, job=self.job_id, shard=shard.shard)
-            manifest = {"shard": shard.shard, "job_id": self.job_id, "status": "failed", "error": error,
-                        "input": shard.fingerprint, "worker": self.worker, "finished_at": now_iso()}
+    def run_many(self, shards: list[Shard]) -> list[dict]:
+        """Process shards and commit each one; returns their manifests, in order.
+
+        On the vllm backend, shards that get the same decision share one engine call, so vLLM's
+        continuous batching sees all their rows at once (a shard is still profiled, decided,
+        committed and retried alone). Any failure fails its shard alone (all shards of a shared call
+        when the call itself fails): the manifest records the error, when the store can be reached
+        at all, and the actor moves on."""
+        out: dict[str, dict] = {}
+        works = []
+        for shard in shards:
             try:
-                self.store.write_manifest(shard.shard, manifest)
-            except Exception as write_error:
-                manifest["error"] += f" (and its manifest could not be written: {type(write_error).__name__})"
-            return manifest
+                work = self._open(shard)
+            except Exception as e:
+                out[shard.shard] = self._failed(shard, e)
+                continue
+            if isinstance(work, dict):  # unreadable input: already a failed manifest
+                out[shard.shard] = work
+            else:
+                works.append(work)
+        try:
+            if self.engine.rows_per_call == 0 and len(works) > 1:
+                self._generate_together(works)
+            else:
+                for w in works:
+                    self._generate(w)
+        except Exception as e:  # OOM, a dead engine, a bug: the shards of this call fail, the job goes on
+            for w in works:
+                out[w.shard.shard] = self._failed(w.shard, e)
+            works = []
+        for w in works:
+            try:
+                out[w.shard.shard] = self._commit(w)
+            except Exception as e:
+                out[w.shard.shard] = self._failed(w.shard, e)
+        return [out[s.shard] for s in shards]
 
-    def _run(self, shard: Shard) -> dict:
+    def _failed(self, shard: Shard, e: Exception) -> dict:
+        error = f"{type(e).__name__}: {e}"
+        log_event(log, f"shard failed: {error}", logging.ERROR, job=self.job_id, shard=shard.shard)
+        manifest = {"shard": shard.shard, "job_id": self.job_id, "status": "failed", "error": error,
+                    "input": shard.fingerprint, "worker": self.worker, "finished_at": now_iso()}
+        try:
+            self.store.write_manifest(shard.shard, manifest)
+        except Exception as write_error:
+            manifest["error"] += f" (and its manifest could not be written: {type(write_error).__name__})"
+        return manifest
+
+    def _open(self, shard: Shard) -> "ShardWork | dict":
+        """Read, validate and tokenize a shard; a failed manifest when its input cannot be read."""
         started, t0 = now_iso(), time.perf_counter()
         previous = self.store.read_json(self.store.manifest_path(shard.shard)) or {}
         attempt = int(previous.get("attempts", 0)) + 1
@@ -233,8 +294,116 @@ class ShardRunner:
             manifest = {**base, "status": "failed", "error": str(e), "rows_in": None, "finished_at": now_iso()}
             self.store.write_manifest(shard.shard, manifest)
             return manifest
-        t_read = time.perf_counter() - t0
-        rows_out, decisions, gen_s = self.generate_rows(shard, table, attempt)
+        engine = self.engine
+        rows = validate_rows(table, shard, self.spec, engine.tokenizer)
+        valid = [r for r in rows if r.error is None]
+        for r, ids in zip(valid, engine.tokenize([r.prompt for r in valid]) if valid else []):
+            r.token_ids = ids
+            if len(ids) >= engine.max_context:
+                r.error = f"prompt has {len(ids)} tokens; the model's context is {engine.max_context}"
+        valid = sorted((r for r in rows if r.error is None), key=lambda r: len(r.token_ids))  # less padding
+        work = ShardWork(shard, base, attempt, table.num_rows, rows, valid, t0, time.perf_counter() - t0)
+        work.profile = LengthProfile([len(r.token_ids) for r in valid], self.expected_new(work))
+        return work
+
+    def expected_new(self, work: "ShardWork") -> float:
+        """What the job has seen rows produce, capped per row by the room its prompt leaves in the context."""
+        seen = self.policy.expected_new_tokens(self.spec.generation.max_new_tokens)
+        lengths = [len(r.token_ids) for r in work.valid]
+        return sum(min(seen, self.engine.max_context - n) for n in lengths) / len(lengths) if lengths else seen
+
+    def _decide(self, work: "ShardWork", batches_off: int = 0) -> Decision:
+        """The policy's next decision for this shard, recorded (and logged when it changes)."""
+        work.profile.expected_new_tokens = self.expected_new(work)
+        last = work.decisions[-1] if work.decisions else None
+        d = self.policy.decide(work.profile, last.speculate if last else None, batches_off, at_row=work.done)
+        if last is None or d.speculate != last.speculate or d.k != last.k or "probe" in last.reason:
+            work.decisions.append(d)
+            if last is not None:
+                log_event(log, f"policy: {d.reason}", job=self.job_id, shard=work.shard.shard, at_row=work.done)
+        return d
+
+    def _generate(self, work: "ShardWork") -> None:
+        """One shard alone. hf: micro-batches of batch_size, re-deciding after each. vllm: the rest of
+        the shard in one call (continuous batching), after a probe micro-batch when no acceptance is known."""
+        if self.faults:
+            self.faults.reached(work.shard.shard, 0)
+        work.calibrate_s = self.calibrate_for(len(work.valid))
+        bs, off_batches, t0 = self.spec.resources.batch_size, 0, time.perf_counter()
+        while work.done < len(work.valid):
+            decision = self._decide(work, off_batches)
+            whole = self.engine.rows_per_call == 0 and "probe" not in decision.reason
+            batch = work.valid[work.done:] if whole else work.valid[work.done:work.done + bs]
+            self._generate_block([(work, r) for r in batch], decision)
+            off_batches = 0 if decision.speculate else off_batches + 1
+            if self.faults:
+                self.faults.reached(work.shard.shard, work.done)
+        work.gen_s = time.perf_counter() - t0
+
+    def _generate_together(self, works: list["ShardWork"]) -> None:
+        """Several shards on the vllm backend: a probe first if this actor has seen no acceptance yet,
+        then each shard's own decision, and one call per distinct (on/off, k) over all their rows.
+        A shared call's time is split among its shards by their completion tokens."""
+        for w in works:
+            if self.faults:
+                self.faults.reached(w.shard.shard, 0)
+        works = [w for w in works if w.valid]
+        if works:
+            works[0].calibrate_s = self.calibrate_for(sum(len(w.valid) for w in works))
+        spent: dict[int, float] = {}
+        if works and self.policy.prior.estimate is None:
+            first, t0 = works[0], time.perf_counter()
+            decision = self._decide(first)
+            if "probe" in decision.reason:
+                self._generate_block([(first, r) for r in first.valid[:self.spec.resources.batch_size]], decision)
+                spent[id(first)] = time.perf_counter() - t0
+        groups: dict[tuple, list] = {}
+        for w in works:
+            if w.done < len(w.valid):
+                d = self._decide(w)
+                groups.setdefault((d.speculate, d.k), []).append((w, d))
+        for members in groups.values():
+            t0 = time.perf_counter()
+            rows = [(w, r) for w, _ in members for r in w.valid[w.done:]]
+            before = {id(w): w.completion_tokens() for w, _ in members}
+            self._generate_block(rows, members[0][1])
+            gained = {id(w): w.completion_tokens() - before[id(w)] for w, _ in members}
+            total = sum(gained.values()) or 1
+            for w, _ in members:
+                spent[id(w)] = spent.get(id(w), 0.0) + (time.perf_counter() - t0) * gained[id(w)] / total
+        for w in works:
+            w.gen_s = spent.get(id(w), 0.0)
+            if self.faults:
+                self.faults.reached(w.shard.shard, w.done)
+
+    def _generate_block(self, batch: list[tuple["ShardWork", RowInput]], decision: Decision) -> None:
+        """One engine call over rows (possibly of several shards) under one decision; records each
+        row's result in its shard and feeds what the call measured to the policy."""
+        from ..engine import SamplingParams, row_seed
+
+        gen, engine = self.spec.generation, self.engine
+        rule = self.draft_length(decision.k) if decision.speculate else None
+        outs, res = engine.generate(
+            [r.token_ids for _, r in batch], gen.max_new_tokens, SamplingParams(gen.temperature, gen.top_k, gen.top_p),
+            tuple(gen.stop), seeds=[row_seed(gen.seed, r.id) for _, r in batch], speculate=decision.speculate,
+            draft_length=rule,
+            max_new_per_row=[min(gen.max_new_tokens, engine.max_context - len(r.token_ids)) for _, r in batch],
+        )
+        if not isinstance(rule, CostModelK):  # CostModelK already fed every round to the policy
+            for t in res.rounds:
+                self.policy.observe_round(t.k, t.draft_s, t.target_s, t.accepted, t.rejections)
+        self.policy.observe_rows([o.stats.completion_tokens for o in outs if o.error is None])
+        concurrency = min(len(batch), self.concurrency(len(batch)))
+        for (work, r), o in zip(batch, outs):
+            if o.error is not None:
+                r.error = o.error
+            else:
+                work.results[r.row_index] = (o, decision, concurrency)
+            work.done += 1
+
+    def _commit(self, work: "ShardWork") -> dict:
+        shard, rows_in = work.shard, work.rows_in
+        rows_out = [self._row(shard, r, work.results.get(r.row_index), work.attempt) for r in work.rows]
         t1 = time.perf_counter()
         try:
             part = self.store.write_part(shard.shard, pa.Table.from_pylist(rows_out, schema=OUTPUT_SCHEMA))
@@ -245,10 +414,11 @@ class ShardRunner:
         tokens = {key: sum(r[key] for r in rows_out) for key in
                   ("prompt_tokens", "completion_tokens", "draft_tokens", "accepted_tokens", "spec_rounds")}
         manifest = {
-            **base, "status": "done", "backend": self.engine.name, "rows_in": table.num_rows, "rows_out": part["rows"], "part": part["part"],
-            "part_bytes": part["bytes"], "error_rows": sum(r["finish_reason"] == "error" for r in rows_out),
-            "error_kinds": _count_errors(rows_out), "tokens": tokens, "decisions": [d.to_json() for d in decisions],
-            "timings": {"read_s": t_read, "generate_s": gen_s, "write_s": t_write, "total_s": time.perf_counter() - t0},
+            **work.base, "status": "done", "backend": self.engine.name, "rows_in": rows_in, "rows_out": part["rows"],
+            "part": part["part"], "part_bytes": part["bytes"], "error_rows": sum(r["finish_reason"] == "error" for r in rows_out),
+            "error_kinds": _count_errors(rows_out), "tokens": tokens, "decisions": [d.to_json() for d in work.decisions],
+            "timings": {"read_s": work.read_s, "calibrate_s": work.calibrate_s, "generate_s": work.gen_s,
+                        "write_s": t_write, "total_s": work.read_s + work.calibrate_s + work.gen_s + t_write},
             "costs": self.policy.costs.__dict__ if self.policy.costs else None, "finished_at": now_iso(),
         }
         self.store.write_manifest(shard.shard, manifest)
@@ -259,69 +429,6 @@ class ShardRunner:
             log_event(log, f"error row: {r['error']}", logging.WARNING, job=self.job_id, shard=shard.shard,
                       row=r["id"], prompt_sha256=r["prompt_sha256"])
         return manifest
-
-    def generate_rows(self, shard: Shard, table: pa.Table, attempt: int) -> tuple[list[dict], list[Decision], float]:
-        from ..engine import SamplingParams, row_seed
-
-        spec, engine = self.spec, self.engine
-        gen = spec.generation
-        rows = validate_rows(table, shard, spec, engine.tokenizer)
-        valid = [r for r in rows if r.error is None]
-        for r, ids in zip(valid, engine.tokenize([r.prompt for r in valid]) if valid else []):
-            r.token_ids = ids
-            if len(ids) >= engine.max_context:
-                r.error = f"prompt has {len(ids)} tokens; the model's context is {engine.max_context}"
-        valid = sorted((r for r in rows if r.error is None), key=lambda r: len(r.token_ids))  # less padding
-        lengths = [len(r.token_ids) for r in valid]
-
-        def expected_new() -> float:
-            # What the job has seen rows produce, capped per row by the room its prompt leaves in the context.
-            seen = self.policy.expected_new_tokens(gen.max_new_tokens)
-            return sum(min(seen, engine.max_context - n) for n in lengths) / len(lengths) if lengths else seen
-
-        profile = LengthProfile(lengths, expected_new())
-        if self.faults:
-            self.faults.reached(shard.shard, 0)
-        self.calibrate_for(len(valid))
-        decision = self.policy.decide(profile, None)
-        decisions = [decision]
-        sampling = SamplingParams(gen.temperature, gen.top_k, gen.top_p)
-        results: dict[int, tuple] = {}
-        bs, off_batches, t0, start = spec.resources.batch_size, 0, time.perf_counter(), 0
-        while start < len(valid):
-            # hf: micro-batches of batch_size. vllm: the rest of the shard in one call (continuous
-            # batching), except a probe, which runs one micro-batch to measure acceptance first.
-            whole = self.engine.rows_per_call == 0 and "probe" not in decision.reason
-            batch = valid[start:] if whole else valid[start:start + bs]
-            rule = self.draft_length(decision.k) if decision.speculate else None
-            outs, res = engine.generate(
-                [r.token_ids for r in batch], gen.max_new_tokens, sampling, tuple(gen.stop),
-                seeds=[row_seed(gen.seed, r.id) for r in batch], speculate=decision.speculate, draft_length=rule,
-                max_new_per_row=[min(gen.max_new_tokens, engine.max_context - len(r.token_ids)) for r in batch],
-            )
-            if not isinstance(rule, CostModelK):  # CostModelK already fed every round to the policy
-                for t in res.rounds:
-                    self.policy.observe_round(t.k, t.draft_s, t.target_s, t.accepted, t.rejections)
-            self.policy.observe_rows([o.stats.completion_tokens for o in outs if o.error is None])
-            for r, o in zip(batch, outs):
-                if o.error is not None:
-                    r.error = o.error
-                else:
-                    results[r.row_index] = (o, decision, min(len(batch), self.concurrency(len(batch))))
-            start += len(batch)
-            if self.faults:
-                self.faults.reached(shard.shard, start)
-            # Re-decide with what this block taught us (acceptance, costs, output lengths).
-            off_batches = 0 if decision.speculate else off_batches + 1
-            if start < len(valid):
-                profile.expected_new_tokens = expected_new()
-                nxt = self.policy.decide(profile, decision.speculate, off_batches, at_row=start)
-                if nxt.speculate != decision.speculate or nxt.k != decision.k or "probe" in decision.reason:
-                    decisions.append(nxt)
-                    log_event(log, f"policy: {nxt.reason}", job=self.job_id, shard=shard.shard, at_row=start)
-                decision = nxt
-        gen_s = time.perf_counter() - t0
-        return [self._row(shard, r, results.get(r.row_index), attempt) for r in rows], decisions, gen_s
 
     def _row(self, shard: Shard, r: RowInput, result, attempt: int) -> dict:
         e = self.engine
@@ -375,8 +482,5 @@ class ShardWorker:
         self.runner = ShardRunner(JobSpec.model_validate_json(spec_json), job_id, backend=backend)
 
     def __call__(self, batch: dict) -> dict:
-        summaries = []
-        for shard_json in batch["shard"]:
-            shard = Shard.from_json(json.loads(shard_json))
-            summaries.append(json.dumps(self.runner.run(shard), default=str))
-        return {"summary": summaries}
+        shards = [Shard.from_json(json.loads(s)) for s in batch["shard"]]
+        return {"summary": [json.dumps(m, default=str) for m in self.runner.run_many(shards)]}
