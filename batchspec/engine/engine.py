@@ -91,7 +91,10 @@ class Engine:
     def draft_kind(self) -> str:
         return self.draft.kind
 
-    def measure_costs(self, batch_size: int) -> dict:
+    def measure_costs(self, batch_size: int, sample: list[list[int]] | None = None) -> dict:
+        """The policy's costs on this device (module function below). `sample` (the shard's prompts,
+        which the vllm backend uses) is not needed here: this loop times draft and verify apart, and
+        a model draft always proposes k tokens, so random prompts give the same costs."""
         return measure_costs(self, batch_size)
 
     def tokenize(self, prompts: list[str]) -> list[list[int]]:

@@ -196,14 +196,20 @@ class VLLMBackend:
             stats.latency_s = float(t.first_token_latency + max(0.0, t.last_token_ts - t.first_token_ts))
         return Completion(o.text, list(o.token_ids), stats)
 
-    def measure_costs(self, batch_size: int, prompt_tokens: int = 64, new_tokens: int = 8, repeats: int = 1) -> dict:
+    def measure_costs(self, batch_size: int, sample: list[list[int]] | None = None, prompt_tokens: int = 64,
+                      new_tokens: int = 8, repeats: int = 1) -> dict:
         """The policy's costs measured through vLLM at this concurrency (cf. engine.measure_costs).
 
         vLLM does not split a speculative step into draft and verify, so a round's whole cost (k draft
         steps + one verify of k+1 tokens) is reported as verify_s[k] and draft_step_s is 0: the
-        policy's k*draft + verify(k) is then exactly the measured round. One warm-up call, then each
-        figure from `repeats` timed calls (7 calls in all by default: a few seconds at batch 32 for a
-        100M model on 2 CPU cores; the first version's 18 calls of 16 tokens took 72 s there).
+        policy's k*draft + verify(k) is then exactly the measured round; the policy extrapolates
+        k > 4 from k = 4 in proportion to k + 1 (an upper bound on CPU, where verifying is compute-bound).
+        `sample`: prompts of the shard to be run (cycled to batch_size, cut to prompt_tokens), so the
+        draft proposes as it will on this data; on random prompts an n-gram draft proposed almost
+        nothing and speculation looked free (a measured k=4 round cost 1.25 plain steps; on the
+        shard's prompts it costs 2.5). Without a sample, random prompts.
+        One warm-up call, then each figure from `repeats` timed calls: 6 calls in all (the first
+        version's 18 calls of 16 tokens on 64-token prompts took 72 s at batch 64 on a 104M model).
         """
         import random
 
@@ -212,7 +218,11 @@ class VLLMBackend:
         low = 8 if vocab > 64 else 0
         P = min(prompt_tokens, self.max_context // 2)
         T = max(2, min(new_tokens, self.max_context - P - 1))
-        prompts = [[rng.randrange(low, vocab) for _ in range(P)] for _ in range(batch_size)]
+        if sample:
+            prompts = [sample[i % len(sample)][-P:] for i in range(batch_size)]
+            P = max(1, round(sum(map(len, prompts)) / len(prompts)))
+        else:
+            prompts = [[rng.randrange(low, vocab) for _ in range(P)] for _ in range(batch_size)]
 
         def timed(k: int, max_tokens: int) -> tuple[float, list]:
             self.set_k(k)
@@ -230,7 +240,7 @@ class VLLMBackend:
         step = max((plain - first) / (T - 1), 1e-9)
         verify = {}
         if self._scheduler is not None:
-            for k in sorted({1, 2, 4, self.k_max} & set(range(1, self.k_max + 1))):
+            for k in sorted({1, 2, 4, self.k_max} & set(range(1, min(4, self.k_max) + 1))):
                 total, outs = timed(k, T)
                 # Each verify step emits 1 + accepted tokens per row, so steps = (T - 1) - accepted.
                 steps = sum(T - 1 - self._completion(o, P, k).stats.accepted_tokens for o in outs) / len(outs)

@@ -57,7 +57,6 @@ class ShardWork:
     rows_in: int
     rows: list[RowInput]  # every input row, in input order (error rows included)
     valid: list[RowInput]  # rows to generate, shortest prompt first
-    t0: float
     read_s: float
     profile: LengthProfile | None = None
     decisions: list = field(default_factory=list)
@@ -202,14 +201,15 @@ class ShardRunner:
         n = max(1, min(rows, self.engine.max_batch))
         return 1 << (n.bit_length() - 1)
 
-    def calibrate_for(self, rows: int) -> float:
-        """Give the policy costs measured at this shard's concurrency; returns the seconds spent
-        measuring (0 when already known), which the manifest reports and the cost report counts."""
+    def calibrate_for(self, rows: int, sample: list[list[int]] | None = None) -> float:
+        """Give the policy costs measured at this shard's concurrency, on a sample of its prompts;
+        returns the seconds spent measuring (0 when already known), which the manifest reports and
+        the cost report counts."""
         if not self.calibrate or rows == 0:
             return 0.0
         b, t0 = self.concurrency(rows), time.perf_counter()
         if b not in self.costs_by_batch:
-            self.costs_by_batch[b] = Costs(**self.engine.measure_costs(b))
+            self.costs_by_batch[b] = Costs(**self.engine.measure_costs(b, sample))
         self.policy.calibrate(self.costs_by_batch[b])
         return time.perf_counter() - t0
 
@@ -251,16 +251,14 @@ class ShardRunner:
                 out[shard.shard] = work
             else:
                 works.append(work)
-        try:
-            if self.engine.rows_per_call == 0 and len(works) > 1:
-                self._generate_together(works)
-            else:
-                for w in works:
-                    self._generate(w)
-        except Exception as e:  # OOM, a dead engine, a bug: the shards of this call fail, the job goes on
-            for w in works:
-                out[w.shard.shard] = self._failed(w.shard, e)
-            works = []
+        together = self.engine.rows_per_call == 0 and len(works) > 1
+        for group in ([works] if together else [[w] for w in works]):
+            try:
+                self._generate_together(group) if together else self._generate(group[0])
+            except Exception as e:  # OOM, a dead engine, a bug: the shards of this call fail, the job goes on
+                for w in group:
+                    out[w.shard.shard] = self._failed(w.shard, e)
+        works = [w for w in works if w.shard.shard not in out]
         for w in works:
             try:
                 out[w.shard.shard] = self._commit(w)
@@ -302,7 +300,7 @@ class ShardRunner:
             if len(ids) >= engine.max_context:
                 r.error = f"prompt has {len(ids)} tokens; the model's context is {engine.max_context}"
         valid = sorted((r for r in rows if r.error is None), key=lambda r: len(r.token_ids))  # less padding
-        work = ShardWork(shard, base, attempt, table.num_rows, rows, valid, t0, time.perf_counter() - t0)
+        work = ShardWork(shard, base, attempt, table.num_rows, rows, valid, time.perf_counter() - t0)
         work.profile = LengthProfile([len(r.token_ids) for r in valid], self.expected_new(work))
         return work
 
@@ -316,7 +314,9 @@ class ShardRunner:
         """The policy's next decision for this shard, recorded (and logged when it changes)."""
         work.profile.expected_new_tokens = self.expected_new(work)
         last = work.decisions[-1] if work.decisions else None
-        d = self.policy.decide(work.profile, last.speculate if last else None, batches_off, at_row=work.done)
+        # A probe is not "on" for the hysteresis: after it, speculation must earn 1 + margin to stay on.
+        state = None if last is None or "probe" in last.reason else last.speculate
+        d = self.policy.decide(work.profile, state, batches_off, at_row=work.done)
         if last is None or d.speculate != last.speculate or d.k != last.k or "probe" in last.reason:
             work.decisions.append(d)
             if last is not None:
@@ -328,11 +328,14 @@ class ShardRunner:
         the shard in one call (continuous batching), after a probe micro-batch when no acceptance is known."""
         if self.faults:
             self.faults.reached(work.shard.shard, 0)
-        work.calibrate_s = self.calibrate_for(len(work.valid))
+        work.calibrate_s = self.calibrate_for(len(work.valid), [r.token_ids for r in work.valid])
         bs, off_batches, t0 = self.spec.resources.batch_size, 0, time.perf_counter()
         while work.done < len(work.valid):
             decision = self._decide(work, off_batches)
-            whole = self.engine.rows_per_call == 0 and "probe" not in decision.reason
+            whole = self.engine.rows_per_call == 0
+            if whole and "probe" in decision.reason:
+                self._probe(work, decision)
+                continue
             batch = work.valid[work.done:] if whole else work.valid[work.done:work.done + bs]
             self._generate_block([(work, r) for r in batch], decision)
             off_batches = 0 if decision.speculate else off_batches + 1
@@ -349,13 +352,14 @@ class ShardRunner:
                 self.faults.reached(w.shard.shard, 0)
         works = [w for w in works if w.valid]
         if works:
-            works[0].calibrate_s = self.calibrate_for(sum(len(w.valid) for w in works))
+            works[0].calibrate_s = self.calibrate_for(sum(len(w.valid) for w in works),
+                                                      [r.token_ids for w in works for r in w.valid])
         spent: dict[int, float] = {}
         if works and self.policy.prior.estimate is None:
             first, t0 = works[0], time.perf_counter()
             decision = self._decide(first)
             if "probe" in decision.reason:
-                self._generate_block([(first, r) for r in first.valid[:self.spec.resources.batch_size]], decision)
+                self._probe(first, decision)
                 spent[id(first)] = time.perf_counter() - t0
         groups: dict[tuple, list] = {}
         for w in works:
@@ -375,6 +379,23 @@ class ShardRunner:
             w.gen_s = spent.get(id(w), 0.0)
             if self.faults:
                 self.faults.reached(w.shard.shard, w.done)
+
+    def _probe(self, work: "ShardWork", decision: Decision, tokens: int = 16) -> None:
+        """vllm: measure acceptance with a short look (the first batch_size rows, `tokens` new tokens
+        each, speculating at the probe's k), then discard it; the rows are generated in full with the
+        decision it informs. A full-length probe would cost a whole low-concurrency call: on the demo
+        job, 0.3 s of a 1.2 s generation. Greedy rows come out the same; seeded sampled rows too,
+        since vLLM seeds each request."""
+        from ..engine import SamplingParams, row_seed
+
+        gen, rows = self.spec.generation, work.valid[:self.spec.resources.batch_size]
+        _, res = self.engine.generate(
+            [r.token_ids for r in rows], tokens, SamplingParams(gen.temperature, gen.top_k, gen.top_p), tuple(gen.stop),
+            seeds=[row_seed(gen.seed, r.id) for r in rows], speculate=True, draft_length=decision.k,
+            max_new_per_row=[min(tokens, self.engine.max_context - len(r.token_ids)) for r in rows])
+        for t in res.rounds:
+            self.policy.observe_round(t.k, t.draft_s, t.target_s, t.accepted, t.rejections)
+        decision.reason += f"; a {tokens}-token look at {len(rows)} rows, discarded"
 
     def _generate_block(self, batch: list[tuple["ShardWork", RowInput]], decision: Decision) -> None:
         """One engine call over rows (possibly of several shards) under one decision; records each
