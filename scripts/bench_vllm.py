@@ -1,7 +1,7 @@
 """batchspec on vLLM against bare vLLM (and the hf backend), same prompts, side by side, interleaved.
 
     python scripts/bench_vllm.py [--jobs demo,llama104m,mixed] [--repeats 2] [--out bench-vllm.json]
-    python scripts/bench_vllm.py --switch     # what switching speculation on/off per shard costs
+    python scripts/bench_vllm.py --switch [--jobs demo]   # what switching speculation on/off per call costs
 
 Per job and repetition, each configuration runs in its own process, in a fixed interleaved order:
 
@@ -186,7 +186,7 @@ def switch_cost(job: Path) -> None:
 
     _, prompt_ids = job_prompts(load_spec(job))
     res = {}
-    for engine in ("plain", "spec", "plain", "spec"):  # interleaved: two processes of each
+    for engine in ("plain", "spec", "plain", "spec"):  # interleaved: two processes of each (5 calls per k each)
         out = subprocess.run([sys.executable, "-c", SWITCH, str(job), json.dumps(prompt_ids), engine],
                              capture_output=True, text=True, cwd=ROOT)
         line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
@@ -197,19 +197,23 @@ def switch_cost(job: Path) -> None:
             res.setdefault((engine, k), []).extend(ts)
         res.setdefault(("set_k", "us"), []).append(r["set_k_us"])
     for (engine, k), ts in res.items():
-        print(f"{engine:>6} {k}: median {statistics.median(ts):.3f}s over {len(ts)} calls")
+        unit = "us per set_k" if engine == "set_k" else f"s per call at k={k}"
+        print(f"{engine + ' engine' if engine != 'set_k' else engine:>12}: median {statistics.median(ts):.3f} {unit} ({len(ts)})")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--jobs", default="demo,llama104m,mixed")
+    ap.add_argument("--jobs", default=None, help="comma-separated: demo, llama104m, mixed (default: all; --switch: demo)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default="bench-vllm.json")
     ap.add_argument("--switch", action="store_true", help="measure the cost of switching k per call instead")
     args = ap.parse_args()
+    args.jobs = args.jobs or ("demo" if args.switch else "demo,llama104m,mixed")
     if args.switch:
         tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
-        switch_cost(write_jobs(tmp, ["demo"])["demo"])
+        for name, job in write_jobs(tmp, args.jobs.split(",")).items():
+            print(name)
+            switch_cost(job)
         return
     from batchspec.spec import load_spec
 
