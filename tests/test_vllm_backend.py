@@ -81,6 +81,21 @@ def test_validate_refuses_a_draft_the_backend_cannot_serve():
     assert any("runs on the vllm backend only" in p for p in v.problems)
 
 
+def test_submit_refuses_an_unservable_draft_in_one_line_before_writing(tmp_path):
+    from typer.testing import CliRunner
+
+    from batchspec.cli import app
+
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["submit", str(DEMO_JOB), "--set", "model.backend=vllm", "--set",
+                                   "model.draft.kind=layer_skip", "--set", f"output.path={out}"])
+    assert res.exit_code == 2
+    assert res.output.strip().splitlines() == [
+        "error: the vllm backend has no 'layer_skip' draft; use model.backend: hf for it, or a vLLM draft kind "
+        "(model, ngram, eagle, eagle3, medusa, mtp)"]
+    assert not out.exists()
+
+
 def _require_vllm():
     if not vllm_installed():
         if os.environ.get("CI"):
