@@ -186,37 +186,62 @@ def test_vllm_costs_for_the_policy(vllm_backend, demo_prompt_ids):
         assert costs.verify(8) == pytest.approx(costs.verify_s[4] * 9 / 5)  # extrapolated in proportion to k + 1
 
 
-def test_submit_on_vllm_matches_hf_and_records_the_backend(ray_session, tmp_path, hf_reference):
-    """Two shards through Ray on the vllm backend: same rows as hf, decisions and backend recorded,
-    and both shards' rows in one engine call after a short probe (batch_size is the call's
-    concurrency: 48 rows -> 32; a call per shard would show 16)."""
-    _require_vllm()
+def _demo_spec(tmp_path, *overrides):
     import shutil
 
-    from batchspec.runner.job import submit
-    from batchspec.runner.store import OutputStore
-
-    inp, out = tmp_path / "in", tmp_path / "out"
+    inp = tmp_path / "in"
     inp.mkdir()
     for s in SHARDS:
         shutil.copy(ROOT / f"jobs/data/legal/{s}.parquet", inp)
-    spec = load_spec(DEMO_JOB, [f"input.path={inp}", f"output.path={out}",
+    return load_spec(DEMO_JOB, [f"input.path={inp}", f"output.path={tmp_path / 'out'}",
                                 f"model.target={ROOT / 'models/legal-target'}",
                                 f"model.draft.path={ROOT / 'models/legal-draft'}",
-                                "generation.max_new_tokens=48", "model.backend=auto"])
+                                "generation.max_new_tokens=48", *overrides])
+
+
+def test_submit_on_vllm_matches_hf_and_records_the_backend(ray_session, tmp_path, hf_reference):
+    """Two shards through Ray on the vllm backend (auto): same rows as hf, backend recorded, and
+    both shards' rows in one engine call (batch_size is the call's concurrency: 48 rows -> 32; a
+    call per shard would show 16). Speculation is fixed on so no timing decides the test."""
+    _require_vllm()
+    from batchspec.runner.job import submit
+    from batchspec.runner.store import OutputStore
+
+    spec = _demo_spec(tmp_path, "model.backend=auto", "speculation.mode=on")
     result = submit(spec)
     assert result.ok and result.rows == len(hf_reference[1])
-    store = OutputStore(str(out))
+    store = OutputStore(spec.output.path)
     manifests = store.manifests()
     assert sorted(manifests) == list(SHARDS)
     assert all(m["backend"] == "vllm" and m["decisions"] for m in manifests.values())
     assert store.read_job()["runs"][-1]["backend"] == "vllm"
-    first = manifests[SHARDS[0]]["decisions"]
-    assert "probe" in first[0]["reason"] and "discarded" in first[0]["reason"]
-    assert first[1]["at_row"] == 0 and manifests[SHARDS[1]]["decisions"][0]["at_row"] == 0
-    assert sum(m["timings"]["calibrate_s"] > 0 for m in manifests.values()) == 1  # paid once, by one shard
     rows = [r for s in SHARDS for r in sorted(store.read_part(s).to_pylist(), key=lambda r: r["row_index"])]
     assert [r["completion"] for r in rows] == hf_reference[1]
-    on = [r for r in rows if r["spec_enabled"]]
-    assert on and all(r["draft_kind"] == "model" and r["draft_tokens"] >= r["accepted_tokens"] for r in on)
+    assert all(r["spec_enabled"] and r["draft_kind"] == "model" and r["draft_tokens"] >= r["accepted_tokens"]
+               for r in rows)
     assert {r["batch_size"] for r in rows} == {32}
+
+
+def test_auto_policy_on_vllm_probes_then_decides_each_shard(vllm_backend, tmp_path, hf_reference):
+    """In process, with costs given (cheap verification) so the decisions do not depend on timing:
+    the first shard records a discarded 16-token probe, then every shard is decided with the
+    acceptance it measured; rows equal the hf reference; calibration time is recorded per shard."""
+    from batchspec.policy import Costs
+    from batchspec.runner.plan import plan_shards
+    from batchspec.runner.worker import ShardRunner
+
+    spec = _demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto")
+    runner = ShardRunner(spec, "job-1", engine=vllm_backend, calibrate=False)
+    runner.policy.calibrate(Costs(batch_size=32, target_step_s=0.01, draft_step_s=0.0,
+                                  verify_s={1: 0.011, 2: 0.012, 4: 0.014}, prefill_token_s=1e-5))
+    manifests = runner.run_many(plan_shards(spec.input.path))
+    assert [m["status"] for m in manifests] == ["done", "done"]
+    first, second = (m["decisions"] for m in manifests)
+    assert "probe" in first[0]["reason"] and "a 16-token look at 8 rows, discarded" in first[0]["reason"]
+    assert first[1]["reason"].startswith("on: acceptance") and first[1]["at_row"] == 0
+    assert second[0]["reason"].startswith("on: acceptance")
+    assert all(m["timings"]["calibrate_s"] == 0 for m in manifests)
+    rows = [r for m in manifests for r in sorted(runner.store.read_part(m["shard"]).to_pylist(),
+                                                  key=lambda r: r["row_index"])]
+    assert [r["completion"] for r in rows] == hf_reference[1]
+    assert all(r["spec_enabled"] and r["num_speculative_tokens"] == first[1]["k"] for r in rows)
