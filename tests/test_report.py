@@ -138,3 +138,26 @@ def test_log_records_carry_ids_and_no_prompt_text(models_dir, tmp_path, capfd):
     error_rows = [r for r in records if r["msg"].startswith("error row")]
     assert {r["row"] for r in error_rows} == {"p2", "p3"} and all("prompt_sha256" in r for r in error_rows)
     assert "CONFIDENTIAL" not in err and "ok ok ok" not in err
+
+
+def test_log_lines_carry_batchspec_ids_only(capfd):
+    """Attributes other libraries put on every record (vLLM's record factory adds
+    vllm_process_name) stay out of batchspec's text and JSON lines; log_event's ids go in."""
+    import json
+    import logging
+
+    from batchspec.runner.logs import configure, log_event
+
+    log = logging.getLogger("batchspec.test")
+    for fmt in ("text", "json"):
+        configure(fmt)
+        log.info("plain", extra={"vllm_process_name": "MainProcess"})
+        log_event(log, "shard done", job="j1", shard="s1", rows=3)
+        plain, done = capfd.readouterr().err.splitlines()
+        assert "vllm_process_name" not in plain + done
+        if fmt == "json":
+            assert {k: v for k, v in json.loads(done).items() if k in ("job", "shard", "rows")} == \
+                {"job": "j1", "shard": "s1", "rows": 3}
+        else:
+            assert done.endswith("shard done job=j1 shard=s1 rows=3")
+    configure("text")

@@ -13,20 +13,25 @@ import sys
 import time
 
 _FORMAT_ENV = "BATCHSPEC_LOG_FORMAT"
-_RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+
+def _ids(record: logging.LogRecord) -> dict:
+    """The ids log_event attached. Other attributes are not ours to print: vLLM's record factory,
+    for one, adds vllm_process_name to every record in the process."""
+    return getattr(record, "batchspec_ids", {})
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         data = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)), "level": record.levelname,
                 "logger": record.name, "msg": record.getMessage()}
-        data.update({k: v for k, v in record.__dict__.items() if k not in _RESERVED and not k.startswith("_")})
+        data.update(_ids(record))
         return json.dumps(data, default=str)
 
 
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        extra = " ".join(f"{k}={v}" for k, v in record.__dict__.items() if k not in _RESERVED and not k.startswith("_"))
+        extra = " ".join(f"{k}={v}" for k, v in _ids(record).items())
         base = f"{time.strftime('%H:%M:%S', time.localtime(record.created))} {record.levelname:<7} {record.getMessage()}"
         return f"{base} {extra}".rstrip()
 
@@ -47,4 +52,4 @@ def configure_worker_logging() -> None:
 
 
 def log_event(logger: logging.Logger, msg: str, level: int = logging.INFO, **ids) -> None:
-    logger.log(level, msg, extra=ids)
+    logger.log(level, msg, extra={"batchspec_ids": ids})
