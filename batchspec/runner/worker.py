@@ -325,7 +325,7 @@ class ShardRunner:
 
     def _generate(self, work: "ShardWork") -> None:
         """One shard alone. hf: micro-batches of batch_size, re-deciding after each. vllm: the rest of
-        the shard in one call (continuous batching), after a probe micro-batch when no acceptance is known."""
+        the shard in one call (continuous batching), after a short probe when no acceptance is known."""
         if self.faults:
             self.faults.reached(work.shard.shard, 0)
         work.calibrate_s = self.calibrate_for(len(work.valid), [r.token_ids for r in work.valid])
@@ -386,33 +386,32 @@ class ShardRunner:
         decision it informs. A full-length probe would cost a whole low-concurrency call: on the demo
         job, 0.3 s of a 1.2 s generation. Greedy rows come out the same; seeded sampled rows too,
         since vLLM seeds each request."""
+        rows = work.valid[:self.spec.resources.batch_size]
+        self._call(rows, tokens, True, decision.k)
+        decision.reason += f"; a {tokens}-token look at {len(rows)} rows, discarded"
+
+    def _call(self, rows: list[RowInput], max_new: int, speculate: bool, draft_length):
+        """engine.generate over rows with the job's sampling, stops and per-row seeds, each row capped
+        by the room its prompt leaves in the context; what the call measured goes to the policy
+        (unless a CostModelK rule already fed it every round)."""
         from ..engine import SamplingParams, row_seed
 
-        gen, rows = self.spec.generation, work.valid[:self.spec.resources.batch_size]
-        _, res = self.engine.generate(
-            [r.token_ids for r in rows], tokens, SamplingParams(gen.temperature, gen.top_k, gen.top_p), tuple(gen.stop),
-            seeds=[row_seed(gen.seed, r.id) for r in rows], speculate=True, draft_length=decision.k,
-            max_new_per_row=[min(tokens, self.engine.max_context - len(r.token_ids)) for r in rows])
-        for t in res.rounds:
-            self.policy.observe_round(t.k, t.draft_s, t.target_s, t.accepted, t.rejections)
-        decision.reason += f"; a {tokens}-token look at {len(rows)} rows, discarded"
+        gen, engine = self.spec.generation, self.engine
+        outs, res = engine.generate(
+            [r.token_ids for r in rows], max_new, SamplingParams(gen.temperature, gen.top_k, gen.top_p), tuple(gen.stop),
+            seeds=[row_seed(gen.seed, r.id) for r in rows], speculate=speculate, draft_length=draft_length,
+            max_new_per_row=[min(max_new, engine.max_context - len(r.token_ids)) for r in rows],
+        )
+        if not isinstance(draft_length, CostModelK):
+            for t in res.rounds:
+                self.policy.observe_round(t.k, t.draft_s, t.target_s, t.accepted, t.rejections)
+        return outs
 
     def _generate_block(self, batch: list[tuple["ShardWork", RowInput]], decision: Decision) -> None:
         """One engine call over rows (possibly of several shards) under one decision; records each
         row's result in its shard and feeds what the call measured to the policy."""
-        from ..engine import SamplingParams, row_seed
-
-        gen, engine = self.spec.generation, self.engine
         rule = self.draft_length(decision.k) if decision.speculate else None
-        outs, res = engine.generate(
-            [r.token_ids for _, r in batch], gen.max_new_tokens, SamplingParams(gen.temperature, gen.top_k, gen.top_p),
-            tuple(gen.stop), seeds=[row_seed(gen.seed, r.id) for _, r in batch], speculate=decision.speculate,
-            draft_length=rule,
-            max_new_per_row=[min(gen.max_new_tokens, engine.max_context - len(r.token_ids)) for _, r in batch],
-        )
-        if not isinstance(rule, CostModelK):  # CostModelK already fed every round to the policy
-            for t in res.rounds:
-                self.policy.observe_round(t.k, t.draft_s, t.target_s, t.accepted, t.rejections)
+        outs = self._call([r for _, r in batch], self.spec.generation.max_new_tokens, decision.speculate, rule)
         self.policy.observe_rows([o.stats.completion_tokens for o in outs if o.error is None])
         concurrency = min(len(batch), self.concurrency(len(batch)))
         for (work, r), o in zip(batch, outs):
