@@ -180,3 +180,88 @@ def _sharpen(model) -> None:
     head = model.get_output_embeddings()
     with torch.no_grad():
         head.weight.mul_(25.0)
+
+
+# Decoder-only architectures the engine is checked against (tests/test_architectures.py, and the
+# full matrix in scripts/arch_matrix.py whose table is in docs/engine.md).
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi", "phi3", "gpt2",
+                 "gpt_neox", "opt", "falcon", "stablelm", "gpt_bigcode", "granite", "olmo2", "cohere", "smollm3")
+
+
+def arch_config(arch: str, tokenizer, window: int | None = None):
+    """A 2-layer, 64-wide config of any transformers decoder `arch` (its model_type), with the
+    tokenizer's special ids. window: the sliding window, for architectures that have one."""
+    from transformers import AutoConfig
+
+    base = AutoConfig.for_model(arch)
+    sizes = {"vocab_size": len(tokenizer), "hidden_size": 64, "n_embd": 64, "num_hidden_layers": 2, "n_layer": 2,
+             "num_attention_heads": 4, "n_head": 4, "num_key_value_heads": 2, "head_dim": 16,
+             "intermediate_size": 128, "n_inner": 128, "ffn_dim": 128, "word_embed_proj_dim": 64,
+             "max_position_embeddings": 512, "n_positions": 512, "pad_token_id": tokenizer.pad_token_id,
+             "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    kwargs = {k: v for k, v in sizes.items() if (k in base.to_dict() or hasattr(base, k))
+              and not isinstance(getattr(type(base), k, None), property)}  # falcon derives head_dim
+    if arch == "smollm3":
+        kwargs["no_rope_layers"] = [1, 0]  # its default lists 36 layers
+    if window is not None:
+        kwargs["sliding_window"] = window
+    return AutoConfig.for_model(arch, **kwargs)
+
+
+def build_arch_model(out_dir: str | Path, arch: str, tokenizer_dir: str | Path, seed: int = 0,
+                     window: int | None = None) -> Path:
+    """Save a tiny random checkpoint of `arch` (see arch_config). Idempotent."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out_dir = Path(out_dir)
+    if (out_dir / "config.json").exists():
+        return out_dir
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(arch_config(arch, tokenizer, window))
+    _sharpen(model)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "README.md").write_text(f"Random-weight 2-layer {arch} built by batchspec.testing; seed {seed}.\n")
+    return out_dir
+
+
+def lossless_cell(target_dir: str | Path, kind: str, prompts: list[str], max_new_tokens: int = 20,
+                  draft_dir: str | Path | None = None) -> str:
+    """One cell of the architecture matrix: "exact", "exact (plain: ...)" when the engine chose not
+    to speculate, "refused: <why>", or "MISMATCH i/n rows".
+
+    The engine's speculative greedy output (a ragged batch: left padding, and the holes that
+    rejected draft tokens leave) must equal transformers' own greedy `generate`, run one row at
+    a time (no padding), token for token.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from .engine.engine import DraftSpec, Engine
+    from .engine.models import ModelLoadError
+
+    try:
+        engine = Engine.load(str(target_dir), DraftSpec(kind=kind, path=str(draft_dir) if draft_dir else None,
+                                                       layers=1), device="cpu", dtype="float32")
+    except ModelLoadError as e:
+        return f"refused: {e}"
+    ids = engine.tokenize(prompts)
+    got, _ = engine.generate(ids, max_new_tokens=max_new_tokens, speculate=kind != "none", draft_length=3)
+    ref_model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+    wrong = 0
+    for row, out in zip(ids, got):
+        with torch.inference_mode():
+            ref = ref_model.generate(torch.tensor([row]), attention_mask=torch.ones(1, len(row), dtype=torch.long),
+                                     max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                                     eos_token_id=list(engine.eos), pad_token_id=engine.tokenizer.pad_token_id)
+        wrong += ref[0, len(row):].tolist() != out.token_ids
+    if wrong:
+        return f"MISMATCH {wrong}/{len(prompts)} rows"
+    if kind != "none" and engine.window is not None:
+        fit = sum(len(row) + max_new_tokens <= engine.window for row in ids)
+        if fit < len(ids):
+            return f"exact ({fit}/{len(ids)} rows fit the {engine.window}-token window and speculate, the rest run plain)"
+    return "exact"

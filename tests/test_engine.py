@@ -197,3 +197,76 @@ def test_layer_skip_shares_weights_and_leaves_target_whole(models_dir):
     assert len(engine.draft_module.model.layers) == 1
     assert engine.draft_module.model.layers[0] is engine.target.model.model.layers[0]
     assert engine.target.model.config.num_hidden_layers == 2
+
+
+def test_prompt_that_starts_with_bos_gets_no_second_one(models_dir):
+    """A chat template that emits BOS (Llama 3, Mistral) must not get the tokenizer's BOS again."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    from batchspec.engine.models import encode_prompts
+
+    tok = AutoTokenizer.from_pretrained(models_dir / "tokenizer")
+    bos = tok.bos_token_id
+    tok._tokenizer.post_processor = TemplateProcessing(single=f"{tok.bos_token} $A", special_tokens=[(tok.bos_token, bos)])
+    rendered = tok.apply_chat_template([{"role": "user", "content": "the lease"}], tokenize=False,
+                                       add_generation_prompt=True)
+    assert rendered.startswith(tok.bos_token)
+    with_template, plain = encode_prompts(tok, [rendered, "the lease"])
+    assert with_template[0] == bos and with_template[1] != bos
+    assert plain[0] == bos and plain[1] != bos  # plain text still gets the BOS the model expects
+
+
+def test_local_path_typo_is_not_sent_to_the_hub(tmp_path, monkeypatch):
+    (tmp_path / "models").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelLoadError, match="model directory models/legal-targt does not exist"):
+        Engine.load("models/legal-targt", DraftSpec(kind="none"))
+    (tmp_path / "models" / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="has no config.json"):
+        Engine.load("models/empty", DraftSpec(kind="none"))
+
+
+def test_stop_string_absent_from_decoded_text_keeps_the_text(models_dir, prompts):
+    """A stop string found in the token tail can vanish when the whole row is decoded (special
+    tokens, merges); find() is then -1 and the last character must not be cut."""
+    engine = _engine(str(models_dir / "llama-target"))
+    ids = engine.tokenize(["the lease shall"])[0]
+    assert engine.decode(ids, "no such stop") == engine.decode(ids)
+
+
+def _padded_head_pair(tmp, models_dir):
+    """A target whose head has 64 rows more than its draft's embedding (as Qwen2.5-7B vs 0.5B), and
+    which prefers those ids, so the target emits tokens the draft cannot embed."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from batchspec.testing import model_config
+
+    tok = AutoTokenizer.from_pretrained(models_dir / "tokenizer")
+    for name, extra in (("target", 64), ("draft", 0)):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(model_config("llama", len(tok) + extra, tokenizer=tok))
+        if extra:
+            with torch.no_grad():
+                model.lm_head.weight[len(tok):] = model.lm_head.weight[len(tok):] * 40
+        model.save_pretrained(tmp / name)
+        tok.save_pretrained(tmp / name)
+    return str(tmp / "target"), str(tmp / "draft")
+
+
+def test_target_ids_beyond_the_draft_embedding(models_dir, prompts, tmp_path):
+    from batchspec.engine.engine import measure_costs
+
+    target, draft = _padded_head_pair(tmp_path, models_dir)
+    engine = Engine.load(target, DraftSpec(kind="model", path=draft))
+    rows = engine.tokenize(prompts)
+    costs = measure_costs(engine, 2, ks=(1, 2), repeats=1)  # random ids must fit the draft's table
+    assert costs["draft_step_s"] > 0
+    plain, _ = engine.generate(rows, max_new_tokens=MAX_NEW, speculate=False)
+    spec, _ = engine.generate(rows, max_new_tokens=MAX_NEW, speculate=True, draft_length=3)
+    draft_rows = engine.draft_module.get_input_embeddings().weight.shape[0]
+    assert any(t >= draft_rows for o in plain for t in o.token_ids)  # the case really happens
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    sampled, _ = engine.generate(rows, max_new_tokens=MAX_NEW, sampling=SamplingParams(temperature=1.0),
+                                 seeds=list(range(len(rows))), speculate=True)
+    assert all(o.stats.completion_tokens > 0 for o in sampled)

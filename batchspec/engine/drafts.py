@@ -38,6 +38,10 @@ class ModelDraft:
 
     def __init__(self, model: torch.nn.Module, kind: str, vocab_size: int, pad_id: int):
         self.model, self.kind, self.vocab_size, self.pad_id = model, kind, vocab_size, pad_id
+        # Sibling checkpoints pad their embeddings differently (Qwen2.5-7B: 152,064 rows,
+        # 0.5B: 151,936); a target token past the draft's table is fed to the draft as padding.
+        # The draft then guesses worse for that row, but verification keeps the output exact.
+        self.embed_rows = model.get_input_embeddings().weight.shape[0]
         self.state: kv.KVState | None = None
         self.unfed: list[list[int]] = []
         self._round_cols = 0  # columns appended by the last propose()
@@ -47,7 +51,7 @@ class ModelDraft:
     def prefill(self, prompts: list[list[int]], first_tokens: list[int], device) -> None:
         ids, mask = kv.left_pad(prompts, self.pad_id, device)
         self.state = kv.empty_state(len(prompts), device)
-        _, self.state = kv.forward(self.model, self.state, ids, mask, last_only=True)
+        _, self.state = kv.forward(self.model, self.state, self._feedable(ids), mask, last_only=True)
         self.unfed = [[t] for t in first_tokens]
 
     @torch.inference_mode()
@@ -55,7 +59,7 @@ class ModelDraft:
         # uniforms: [B, k, 3] per-position uniforms for the proposed positions (None when greedy)
         device = self.state.mask.device
         ids, mask = kv.left_pad(self.unfed, self.pad_id, device)  # [B, W] right-aligned unfed tokens
-        logits, self.state = kv.forward(self.model, self.state, ids, mask, last_only=True)
+        logits, self.state = kv.forward(self.model, self.state, self._feedable(ids), mask, last_only=True)
         tokens, probs = [], []
         for j in range(k):
             step_logits = self._align(logits[:, -1])  # [B, V]
@@ -93,6 +97,9 @@ class ModelDraft:
         self.unfed = [self.unfed[i] for i in keep_idx.tolist()]
         if self._last is not None:
             self._last = self._last[keep_idx.to(self._last.device)]
+
+    def _feedable(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids.masked_fill(ids >= self.embed_rows, self.pad_id)
 
     def _align(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits over the target's vocabulary (checkpoints pad embeddings differently)."""

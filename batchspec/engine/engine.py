@@ -12,7 +12,8 @@ import torch
 
 from .drafts import ModelDraft, NgramDraft, check_tokenizers_compatible, layer_skip_view, quantized_copy
 from .generate import AdaptiveK, BatchResult, DraftLength, FixedK, GenerationConfig, RowStats, generate
-from .models import LoadedModel, ModelLoadError, context_length, eos_token_ids, load_model
+from .models import (LoadedModel, ModelLoadError, attention_window, context_length, encode_prompts, eos_token_ids,
+                     load_model, serving_problem)
 from .sampling import RowRandom, SamplingParams
 
 DRAFT_KINDS = ("model", "quantized", "layer_skip", "ngram", "none")
@@ -53,8 +54,9 @@ class Engine:
         self.vocab_size = target.model.get_output_embeddings().weight.shape[0]
         self.eos = eos_token_ids(target.model, tok)
         self.max_context = context_length(target.model)
-        if draft.kind != "none":  # every draft kind leaves holes in the target cache
-            _refuse_sliding_window(target.model)
+        # Speculation leaves holes in the target's cache, and sliding windows count cache columns:
+        # rows must fit in the window to speculate (generate() checks; see generate._window_slack).
+        self.window = attention_window(target.model.config)
 
     @classmethod
     def load(cls, target: str, draft: DraftSpec = DraftSpec(), device: str = "auto", dtype: str = "auto",
@@ -62,6 +64,9 @@ class Engine:
         if draft.kind not in DRAFT_KINDS:
             raise ModelLoadError(f"unknown draft kind {draft.kind!r}; choose one of {', '.join(DRAFT_KINDS)}")
         loaded = load_model(target, device, dtype, trust_remote_code, storage_options)
+        problem = serving_problem(loaded.model.config, draft.kind)
+        if problem:
+            raise ModelLoadError(problem)
         module, source = None, None
         if draft.kind == "model":
             if not draft.path:
@@ -98,7 +103,7 @@ class Engine:
         return measure_costs(self, batch_size)
 
     def tokenize(self, prompts: list[str]) -> list[list[int]]:
-        return self.tokenizer(prompts, add_special_tokens=True)["input_ids"]
+        return encode_prompts(self.tokenizer, prompts)
 
     def new_proposer(self):
         if self.draft.kind == "ngram":
@@ -118,7 +123,30 @@ class Engine:
         draft_length: DraftLength | int | None = None,
         max_new_per_row: list[int] | None = None,
     ) -> tuple[list[Completion], BatchResult]:
-        """Generate one batch. draft_length: an int (fixed k), a DraftLength rule, or None (adaptive)."""
+        """Generate one batch. draft_length: an int (fixed k), a DraftLength rule, or None (adaptive).
+
+        With a sliding-window target, rows whose prompt + max_new_tokens exceed the window are
+        decoded plainly in a batch of their own (exact; see generate._window_slack), the others
+        speculatively."""
+        caps = list(max_new_per_row or [max_new_tokens] * len(prompt_ids))
+        if speculate and self.window is not None:
+            fits = [len(p) + m <= self.window for p, m in zip(prompt_ids, caps)]
+            if not all(fits):
+                parts = []
+                for spec in (True, False):
+                    idx = [i for i, f in enumerate(fits) if f == spec]
+                    if idx:
+                        row_seeds = [seeds[i] for i in idx] if seeds is not None else idx  # as if unsplit
+                        parts.append((idx, *self._generate([prompt_ids[i] for i in idx], max_new_tokens, sampling, stop,
+                                                           row_seeds, spec, draft_length, [caps[i] for i in idx])))
+                by_row = sorted((i, c, r) for idx, comps, res in parts for i, c, r in zip(idx, comps, res.rows))
+                merged = BatchResult([r for _, _, r in by_row], [t for _, _, res in parts for t in res.rounds],
+                                     sum(res.prefill_s for *_, res in parts),
+                                     sum(res.draft_prefill_s for *_, res in parts))
+                return [c for _, c, _ in by_row], merged
+        return self._generate(prompt_ids, max_new_tokens, sampling, stop, seeds, speculate, draft_length, caps)
+
+    def _generate(self, prompt_ids, max_new_tokens, sampling, stop, seeds, speculate, draft_length, caps):
         config = GenerationConfig(max_new_tokens, sampling, self.eos, self.tokenizer.pad_token_id)
         proposer = self.new_proposer() if speculate else None
         if isinstance(draft_length, int):
@@ -130,7 +158,7 @@ class Engine:
             randoms = [RowRandom(i) for i in range(len(prompt_ids))]
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         result = generate(self.target.model, prompt_ids, config, proposer, draft_length, randoms,
-                          make_stop_check(self.tokenizer, stop), sync, max_new_per_row)
+                          make_stop_check(self.tokenizer, stop), sync, caps, self.window)
         completions = [
             Completion(self.decode(row.token_ids, row.stop_string), row.token_ids, row.stats) for row in result.rows
         ]
@@ -139,7 +167,7 @@ class Engine:
     def decode(self, token_ids: list[int], stop_string: str | None = None) -> str:
         ids = token_ids[:-1] if token_ids and token_ids[-1] in self.eos else token_ids
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        if stop_string is not None:
+        if stop_string is not None and stop_string in text:
             text = text[: text.find(stop_string)]  # the stop string itself is not part of the completion
         return text
 
@@ -163,16 +191,6 @@ def make_stop_check(tokenizer, stops: tuple[str, ...]):
     return check
 
 
-def _refuse_sliding_window(model: torch.nn.Module) -> None:
-    cfg = model.config.get_text_config()
-    types = getattr(cfg, "layer_types", None) or []
-    if getattr(cfg, "use_sliding_window", False) or any("sliding" in t for t in types):
-        raise ModelLoadError(
-            "this target uses sliding-window attention, which the speculative KV rollback does not support yet; "
-            "use draft kind 'none' (plain decoding) for it"
-        )
-
-
 @torch.inference_mode()
 def measure_costs(engine: Engine, batch_size: int, ks: tuple[int, ...] = (1, 2, 4, 8), prompt_tokens: int = 64,
                   repeats: int = 5) -> dict:
@@ -188,8 +206,11 @@ def measure_costs(engine: Engine, batch_size: int, ks: tuple[int, ...] = (1, 2, 
     from . import cache as kv
 
     gen = torch.Generator().manual_seed(0)
-    low = 8 if engine.vocab_size > 64 else 0  # skip the special tokens at the start of small vocabularies
-    ids = torch.randint(low, engine.vocab_size, (batch_size, prompt_tokens), generator=gen).to(engine.device)
+    high = engine.vocab_size  # ids every model here can embed: a sibling draft's table may be smaller
+    if engine.draft_module is not None:
+        high = min(high, engine.draft_module.get_input_embeddings().weight.shape[0])
+    low = 8 if high > 64 else 0  # skip the special tokens at the start of small vocabularies
+    ids = torch.randint(low, high, (batch_size, prompt_tokens), generator=gen).to(engine.device)
     ones = torch.ones_like(ids)
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
 

@@ -139,11 +139,13 @@ def generate(
     stop_check: StopCheck | None = None,
     synchronize: Callable[[], None] = lambda: None,
     max_new_per_row: list[int] | None = None,
+    window: int | None = None,
 ) -> BatchResult:
     """Generate for every prompt; speculative when a proposer is given, plain otherwise.
 
     max_new_per_row caps rows individually (e.g. so a long prompt stays inside the context);
-    config.max_new_tokens applies to rows without their own cap.
+    config.max_new_tokens applies to rows without their own cap. window: the model's sliding
+    attention window; speculation then needs every row to fit in it (see _window_slack).
     """
     device = next(model.parameters()).device
     params = config.sampling
@@ -201,6 +203,8 @@ def generate(
         #    (the round always adds the target's own token after the accepted draft tokens).
         k = draft_length.next_k() if (proposer is not None and draft_length is not None) else 0
         budget = torch.tensor([row_max[r] - e - 1 for r, e in zip(active, emitted_so_far)], device=device)
+        if window is not None and k > 0:
+            k = min(k, _window_slack(state.mask, budget + 1, window))
         lengths = budget.clamp(min=0, max=k)
         k = int(lengths.max()) if k > 0 else 0
         uniforms = None
@@ -272,6 +276,24 @@ def generate(
     for o in outputs:
         o.stats.completion_tokens = len(o.token_ids)
     return BatchResult(outputs, rounds, prefill_s, draft_prefill_s)
+
+
+def _window_slack(mask: torch.Tensor, remaining: torch.Tensor, window: int) -> int:
+    """The most draft tokens this round may verify while every row still attends to all its tokens.
+
+    Sliding-window masks count cache columns, not tokens (transformers: key column c is visible
+    from query column q when q - c < window), and speculation leaves holes in a row's columns. A
+    row whose span (first real column to the cache's end) plus remaining tokens stays within the
+    window never loses a token to the window, so attention is the full causal attention that
+    unbatched decoding computes while it, too, stays inside the window (prompt + max_new <= window,
+    which Engine.generate checks). Plain rounds keep each row's slack (window - span - remaining):
+    the span grows by one as remaining falls by one. A round with k draft tokens lowers it by at
+    most k (the cache grows by the longest accepted run + 1, the row advances by at least one), so
+    capping k at the smallest slack keeps every slack at or above zero.
+    """
+    first_real = mask.argmax(1)  # every row has at least its prompt's first token
+    span = mask.shape[1] - first_real
+    return max(0, int((window - span - remaining).min()))
 
 
 def _emit(out: RowOutput, tokens: list[int], eos: set[int], max_new: int, stop_check: StopCheck | None) -> bool:

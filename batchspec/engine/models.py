@@ -90,6 +90,69 @@ def resolve_model_path(source: str, storage_options: dict | None = None) -> str:
     return source
 
 
+def local_source_problem(source: str) -> str | None:
+    """Why `source` cannot be a checkpoint, when it names a local path; None for hub ids and s3://.
+
+    "models/legal-target" is a valid hub id too: it counts as a local path when its parent
+    directory exists here (a typo in a local path), so the user sees "does not exist" rather than
+    the hub's lookup error.
+    """
+    if source.startswith("s3://"):
+        return None
+    p = Path(source).expanduser()
+    if p.exists():
+        if p.is_dir() and not (p / "config.json").exists():
+            return f"model directory {source} has no config.json: not a Hugging Face checkpoint"
+        return None if p.is_dir() else f"model path {source} is a file; give the checkpoint's directory"
+    looks_local = source.startswith((".", "/", "~")) or source.count("/") != 1 or p.parent.is_dir()
+    return f"model directory {source} does not exist" if looks_local else None
+
+
+def attention_window(config) -> int | None:
+    """The smallest sliding attention window any layer of this model applies, or None.
+
+    Configs declare windows in several ways: `sliding_window` alone (Mistral, Phi-3: every layer),
+    `use_sliding_window` + `max_window_layers` (Qwen2/3: the flag off means no window; the config
+    then clears sliding_window), `layer_types` naming sliding or chunked layers (Gemma 2/3,
+    Cohere 2, SmolLM3, Llama 4's chunked attention), or an older `sliding_window_pattern`.
+    """
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    sizes = [w for w in (getattr(cfg, "sliding_window", None), getattr(cfg, "attention_chunk_size", None))
+             if isinstance(w, int) and w > 0]
+    if not sizes or getattr(cfg, "use_sliding_window", True) is False:
+        return None
+    types = getattr(cfg, "layer_types", None)
+    if types and not any("sliding" in t or "chunk" in t for t in types):
+        return None  # every layer attends fully; the window setting is unused
+    return min(sizes)
+
+
+# Model types whose layers keep a recurrent state (SSM, linear attention, RWKV): a rejected draft
+# token cannot be cut from that state, so only plain decoding is exact on them.
+_RECURRENT_TYPES = {"mamba", "mamba2", "falcon_mamba", "rwkv", "jamba", "zamba", "zamba2", "recurrent_gemma", "bamba",
+                    "nemotron_h", "granitemoehybrid", "lfm2", "qwen3_next", "falcon_h1", "xlstm", "minimax"}
+_ATTENTION_LAYERS = ("full_attention", "sliding_attention", "chunked_attention")
+
+
+def serving_problem(config, draft_kind: str) -> str | None:
+    """Why the hf engine cannot serve this model with this draft kind (from its config alone, so
+    the driver can refuse a job before any actor starts); None when it can."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    mt = getattr(config, "model_type", "?")
+    if mt not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not getattr(config, "auto_map", None):
+        return f"model type {mt!r} is not a causal language model transformers can load (AutoModelForCausalLM)"
+    if draft_kind == "none":
+        return None
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    other = sorted({t for t in (getattr(cfg, "layer_types", None) or []) if t not in _ATTENTION_LAYERS})
+    if mt in _RECURRENT_TYPES or other:
+        what = f"layers of type {', '.join(other)}" if other else "recurrent layers"
+        return (f"model type {mt!r} has {what}, whose state cannot be rolled back after a rejected draft token; "
+                "set model.draft.kind: none (plain decoding) for it")
+    return None
+
+
 def load_model(
     source: str,
     device: str | torch.device = "auto",
@@ -102,9 +165,9 @@ def load_model(
 
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     dt = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, dev)
-    if source.startswith((".", "/", "~")) and not Path(source).expanduser().exists():
-        # A path, not a hub id: say so plainly instead of transformers' hub-lookup error.
-        raise ModelLoadError(f"model directory {source} does not exist")
+    problem = local_source_problem(source)
+    if problem:
+        raise ModelLoadError(problem)
     path = resolve_model_path(source, storage_options)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
@@ -117,6 +180,20 @@ def load_model(
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return LoadedModel(model=model, tokenizer=tokenizer, source=source, local_path=str(path))
+
+
+def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
+    """Token ids of each prompt, with the tokenizer's special tokens unless the text already starts
+    with BOS (a chat template that emits it: Llama 3, Mistral), which would otherwise be doubled."""
+    bos = tokenizer.bos_token
+    has_bos = [bool(bos) and p.startswith(bos) for p in prompts]
+    out: list[list[int]] = [[] for _ in prompts]
+    for add in (True, False):
+        idx = [i for i, h in enumerate(has_bos) if h != add]
+        if idx:
+            for i, ids in zip(idx, tokenizer([prompts[i] for i in idx], add_special_tokens=add)["input_ids"]):
+                out[i] = ids
+    return out
 
 
 def eos_token_ids(model: torch.nn.Module, tokenizer) -> tuple[int, ...]:

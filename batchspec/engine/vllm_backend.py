@@ -27,6 +27,7 @@ import time
 
 from .engine import Completion
 from .generate import BatchResult, RoundTiming, RowStats
+from .models import encode_prompts
 from .sampling import SamplingParams
 
 log = logging.getLogger("batchspec.engine")
@@ -121,7 +122,7 @@ class VLLMBackend:
         return cls(llm, tokenizer, d.kind, spec_model.target, source, k_max)
 
     def tokenize(self, prompts: list[str]) -> list[list[int]]:
-        return self.tokenizer(prompts, add_special_tokens=True)["input_ids"]
+        return encode_prompts(self.tokenizer, prompts)
 
     def set_k(self, k: int) -> int:
         """Speculate with k tokens (0 = plain decoding) from the next engine step on; returns k used."""

@@ -129,7 +129,7 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
     if todo:
         from .validate import resolve_models
 
-        problems = resolve_models(spec)  # fail before any output is written, not in every actor
+        problems = resolve_models(spec, backend[0])  # fail before any output is written, not in every actor
         if problems:
             raise JobRefused("; ".join(problems))
     job_id = f"{spec.name}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -168,6 +168,7 @@ def _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0, back
     log_event(log, "job started", job=job_id, shards=len(shards), todo=len(todo), output=spec.output.path,
               backend=backend[0], backend_reason=backend[1])
 
+    reported: dict[str, str | None] = {}  # shard -> error, as the actors reported it
     if todo:
         init_ray(address)
         from .worker import ShardWorker
@@ -193,6 +194,7 @@ def _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0, back
         )
         for row in ds.iter_rows():
             manifest = json.loads(row["summary"])
+            reported[manifest["shard"]] = manifest.get("error")
             if on_shard:
                 on_shard(manifest)
 
@@ -211,7 +213,8 @@ def _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0, back
                 result.accepted_tokens += tok.get("accepted_tokens", 0)
                 result.draft_tokens += tok.get("draft_tokens", 0)
         else:
-            result.failed[s.shard] = (m or {}).get("error", "no manifest written (the worker did not finish)")
+            result.failed[s.shard] = ((m or {}).get("error") or reported.get(s.shard)
+                                      or "no manifest written (the worker did not finish)")
     result.wall_s = time.perf_counter() - t0
     status = "succeeded" if result.ok else "failed"
     store.write_job(_job_record(spec, job_id, shards, store.read_job(), status=status, result=result, backend=backend))

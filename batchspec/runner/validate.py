@@ -75,13 +75,14 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
         v.notes.append(f"input files have {len(distinct)} different schemas; only the job's columns are read")
     from ..engine.backend import choose_backend
 
+    backend = None
     try:
         backend, why = choose_backend(spec.model.backend, spec.model.draft.kind, gpu=spec.resources.gpus_per_actor > 0)
         v.notes.append(f"backend: {backend} ({why})")
     except ValueError as e:
         v.problems.append(str(e))
     if check_model:
-        v.problems.extend(resolve_models(spec))
+        v.problems.extend(resolve_models(spec, backend or "hf", v.notes))
     if not v.problems:
         try:
             _, _, todo, _ = prepare(spec)
@@ -93,12 +94,14 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
     return v
 
 
-def resolve_models(spec: JobSpec) -> list[str]:
-    """Load configs and tokenizers (no weights) of the target and a model draft; list problems."""
+def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None = None) -> list[str]:
+    """Load configs and tokenizers (no weights) of the target and a model draft; list problems
+    (and, into `notes`, what the user should know: a sliding window limits speculation)."""
     from transformers import AutoConfig, AutoTokenizer
 
     from ..engine.drafts import check_tokenizers_compatible
-    from ..engine.models import ModelLoadError, resolve_model_path
+    from ..engine.models import (ModelLoadError, attention_window, local_source_problem, resolve_model_path,
+                                 serving_problem)
 
     m, problems, toks = spec.model, [], {}
     sources = [("target", m.target)] + ([("draft", m.draft.path)] if m.draft.path and m.draft.kind != "ngram" else [])
@@ -111,8 +114,20 @@ def resolve_models(spec: JobSpec) -> list[str]:
                 if not fs.exists(f"{root.rstrip('/')}/config.json"):
                     raise FileNotFoundError(f"no config.json under {source}")
                 continue
+            problem = local_source_problem(source)
+            if problem:
+                problems.append(f"{role} model: {problem}")
+                continue
             path = resolve_model_path(source, m.storage_options)
-            AutoConfig.from_pretrained(path, trust_remote_code=m.trust_remote_code)
+            config = AutoConfig.from_pretrained(path, trust_remote_code=m.trust_remote_code)
+            if role == "target" and backend == "hf":
+                problem = serving_problem(config, m.draft.kind)
+                if problem:
+                    problems.append(f"target model {source!r}: {problem}")
+                window = attention_window(config)
+                if window is not None and m.draft.kind != "none" and notes is not None:
+                    notes.append(f"target attends within a {window}-token window: rows whose prompt + max_new_tokens "
+                                 f"exceed {window} tokens run without speculation (exact either way)")
             if role == "target" or m.draft.kind == "model":  # learned drafts use the target's tokenizer
                 toks[role] = AutoTokenizer.from_pretrained(path, trust_remote_code=m.trust_remote_code)
         except Exception as e:

@@ -499,8 +499,20 @@ class ShardWorker:
             import torch
 
             torch.set_num_threads(threads)
-        self.runner = ShardRunner(JobSpec.model_validate_json(spec_json), job_id, backend=backend)
+        from ..engine.models import ModelLoadError
+
+        self.runner, self.load_error = None, None
+        try:
+            self.runner = ShardRunner(JobSpec.model_validate_json(spec_json), job_id, backend=backend)
+        except ModelLoadError as e:
+            # Raising here would make Ray restart the actor forever and end in a page of
+            # ActorDiedError; every shard this actor gets fails with the reason instead.
+            self.load_error = f"model could not be loaded: {e}"
+            log_event(log, self.load_error, logging.ERROR, job=job_id)
 
     def __call__(self, batch: dict) -> dict:
         shards = [Shard.from_json(json.loads(s)) for s in batch["shard"]]
+        if self.runner is None:
+            return {"summary": [json.dumps({"shard": s.shard, "status": "failed", "error": self.load_error})
+                                for s in shards]}
         return {"summary": [json.dumps(m, default=str) for m in self.runner.run_many(shards)]}
