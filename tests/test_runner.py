@@ -125,6 +125,9 @@ def test_bad_rows_and_unreadable_shard(models_dir, ray_session, tmp_path):
         "doc_id": ["a", "b", "c", "d", "e", "e", "f"],
     }))
     write("nontext-0000.parquet", pa.table({"prompt": [1, 2], "doc_id": ["n1", "n2"]}))
+    # pyarrow does not validate UTF-8 on write: one bad prompt must cost one row, not the shard.
+    raw = pa.array([b"the lease", b"bad \xff\xfe bytes", b"the tenant"], pa.binary()).view(pa.string())
+    write("utf8-0000.parquet", pa.table({"prompt": raw, "doc_id": ["u1", "u2", "u3"]}))
     (tmp_path / "in" / "truncated-0000.parquet").write_bytes(
         (tmp_path / "in" / "prompts-0000.parquet").read_bytes()[:100])
     spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"))
@@ -145,15 +148,18 @@ def test_bad_rows_and_unreadable_shard(models_dir, ray_session, tmp_path):
     assert all(r["completion"] is None for r in bad if r["finish_reason"] == "error")
     nontext = store.read_part("nontext-0000").to_pylist()
     assert {r["error"] for r in nontext} == {"prompt is int, not text"}
+    utf8 = {r["id"]: r for r in store.read_part("utf8-0000").to_pylist()}
+    assert utf8["u2"]["error"] == "column(s) prompt not valid UTF-8"
+    assert utf8["u1"]["error"] is None and utf8["u3"]["error"] is None and utf8["u3"]["completion_tokens"] > 0
     assert not store.has_success()
     st = status(str(tmp_path / "out"))
-    assert (st["done"], st["failed"]) == (3, 1)
+    assert (st["done"], st["failed"]) == (4, 1)
     # Fix the file, rerun: only the failed shard runs and the job completes.
     write_prompt_shards(lambda name, t: write("truncated-0000.parquet", t), 1, 2, prefix="fixed", seed=9)
     again = submit(spec)
     assert again.ok and again.done == ["truncated-0000"] and store.has_success()
     expected = ["prompts0-0", "prompts0-1", "prompts0-2", "a", "b", "c", "d", "e", "e#dup5", "f", "n1", "n2",
-                "fixed0-0", "fixed0-1"]
+                "u1", "u2", "u3", "fixed0-0", "fixed0-1"]
     got = part_ids(str(tmp_path / "out"))
     record_fault("corrupt input shard, fixed, then rerun", 1, again.ok, expected, got, sorted(got) == sorted(expected))
 

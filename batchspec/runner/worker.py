@@ -119,14 +119,13 @@ def needed_columns(spec: JobSpec) -> list[str]:
 def validate_rows(table: pa.Table, shard: Shard, spec: JobSpec, tokenizer) -> list[RowInput]:
     """Turn each input row into a prompt or an error row; never raises for row-level problems."""
     inp = spec.input
-    records = table.to_pylist()
     rows: list[RowInput] = []
     seen: dict[str, int] = {}
-    for i, rec in enumerate(records):
+    for i, (rec, bad) in enumerate(_records(table)):
         row_index = shard.row_start + i
         raw_id = rec.get(inp.id_column) if inp.id_column else f"{shard.shard}:{row_index}"
         row_id = str(raw_id) if raw_id is not None else f"{shard.shard}:{row_index}"
-        prompt, error = _prompt_of(rec, spec, tokenizer)
+        prompt, error = (None, bad) if bad else _prompt_of(rec, spec, tokenizer)
         if inp.id_column and raw_id is None:
             error = error or f"null id in column '{inp.id_column}'"
         if row_id in seen:
@@ -136,6 +135,29 @@ def validate_rows(table: pa.Table, shard: Shard, spec: JobSpec, tokenizer) -> li
             seen[row_id] = row_index
         rows.append(RowInput(row_index, row_id, None if error else prompt, error))
     return rows
+
+
+def _records(table: pa.Table) -> list[tuple[dict, str | None]]:
+    """The rows as dicts, each with the problem that makes it an error row (or None).
+
+    pyarrow does not check UTF-8 when a string column is written, and to_pylist raises on the
+    first bad value: that must cost one row, not the shard. Only a table that fails whole is
+    converted cell by cell (a bad cell becomes None and names its column)."""
+    try:
+        return [(rec, None) for rec in table.to_pylist()]
+    except Exception:  # UnicodeDecodeError (or an Arrow error) from some cell
+        pass
+    out = []
+    for i in range(table.num_rows):
+        rec, bad = {}, []
+        for name in table.column_names:
+            try:
+                rec[name] = table.column(name)[i].as_py()
+            except Exception:
+                rec[name] = None
+                bad.append(name)
+        out.append((rec, f"column(s) {', '.join(bad)} not valid UTF-8" if bad else None))
+    return out
 
 
 def _prompt_of(rec: dict, spec: JobSpec, tokenizer) -> tuple[str | None, str | None]:
