@@ -81,9 +81,10 @@ def test_driver_killed_mid_job_then_rerun(models_dir, ray_session, tmp_path, fau
     assert 2 <= len(committed) < 4, committed
     assert not (out / "_batchspec" / "_SUCCESS").exists()
     faults({})
-    time.sleep(1.2)  # the dead driver's lease is older than the timeout below
+    lease = json.loads((out / "_batchspec" / "lease.json").read_text())
+    assert lease["pid"] == driver.pid  # the dead driver's lease is still there...
 
-    result = submit(spec, lease_timeout_s=1.0)
+    result = submit(spec)  # ...and is taken over at once: its process on this host is gone
 
     record_fault("driver SIGKILL mid-job, then rerun", 1, result.ok, part_ids(str(tmp_path / "ref")), part_ids(str(out)),
                  outputs(out) == outputs(tmp_path / "ref"))

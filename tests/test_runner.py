@@ -226,7 +226,7 @@ def test_second_submit_is_refused_while_a_lease_is_held(models_dir, ray_session,
         write_prompt_shards(s3_writer(fs, f"{bucket}/in"), 1, 2)
         spec = make_spec(models_dir, f"{bucket}/in", f"{bucket}/out", opts, opts)
     store = OutputStore(spec.output.path, spec.output.storage_options)
-    other = Lease(store, "the-first-run")
+    other = Lease(store, "the-first-run", heartbeat_s=0.2)
     assert other.acquire() is None  # a live run holds the output
     assert not Lease(store, "x").store.create_exclusive(other.path, {})  # create-only really refuses
     with pytest.raises(JobRefused, match="in use by job the-first-run"):
@@ -239,3 +239,37 @@ def test_second_submit_is_refused_while_a_lease_is_held(models_dir, ray_session,
     # ...and --force takes over a live one.
     Lease(store, "live").acquire()
     assert submit(spec, force=True).done == []
+
+
+def test_lease_of_a_dead_local_process_is_taken_over_at_once(tmp_path):
+    import subprocess
+    import sys
+
+    from batchspec.runner.lease import Lease, LeaseHeld, _process_started
+
+    store = OutputStore(str(tmp_path / "out"))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    held = Lease(store, "killed-run")
+    record = held._record(0.0)  # as the child would have written it
+    record.update(pid=child.pid, owner=f"{record['host']}:{child.pid}", pid_started=_process_started(child.pid))
+    assert store.create_exclusive(held.path, record)
+    with pytest.raises(LeaseHeld, match="in use by job killed-run"):  # alive: refused
+        Lease(store, "second").acquire()
+    child.kill()
+    child.wait()
+    note = Lease(store, "third").acquire()
+    assert "took over the lease of job killed-run" in note and f"process {child.pid} on this host is gone" in note
+
+
+def test_lease_on_another_host_goes_stale_after_missed_heartbeats(tmp_path):
+    import time
+
+    from batchspec.runner.lease import Lease, LeaseHeld
+
+    store = OutputStore(str(tmp_path / "out"))
+    store.create_exclusive(Lease(store, "x").path, {"job_id": "remote", "owner": "other-host:1", "host": "other-host",
+                                                   "pid": 1, "heartbeat_at": time.time() - 5, "heartbeat_s": 1.0})
+    with pytest.raises(LeaseHeld, match="stale after 60s"):
+        Lease(store, "a").acquire()
+    note = Lease(store, "b", timeout_s=4.0).acquire()  # 5 s without a heartbeat > 4 s (and > 3 beats of 1 s)
+    assert "no heartbeat for 5s" in note

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..spec import JobSpec
-from .lease import DEFAULT_TIMEOUT_S, Lease, LeaseHeld
+from .lease import Lease, LeaseHeld
 from .logs import log_event
 from .plan import Shard, input_fingerprint, plan_shards
 from .store import OutputStore
@@ -119,7 +119,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 
 def submit(spec: JobSpec, address: str | None = None, force: bool = False,
            on_shard: Callable[[dict], None] | None = None, on_plan: Callable[[list[Shard], list[Shard]], None] | None = None,
-           lease_timeout_s: float = DEFAULT_TIMEOUT_S) -> JobResult:
+           lease_timeout_s: float | None = None) -> JobResult:
     """Run every shard that is not done; commit manifests, job.json and, when all are done, _SUCCESS.
 
     force: proceed despite a changed spec or changed inputs, and take over another run's lease."""

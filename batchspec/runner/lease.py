@@ -1,13 +1,22 @@
 """One writer per output: a lease file created with a create-only write.
 
-    <output>/_batchspec/lease.json   {"job_id", "owner": "host:pid", "acquired_at", "heartbeat_at"}
+    <output>/_batchspec/lease.json   {"job_id", "owner": "host:pid", "host", "pid", "pid_started",
+                                      "acquired_at", "heartbeat_at", "heartbeat_s"}
 
 The first submit creates it (O_EXCL locally, a conditional PUT `If-None-Match: *` on S3), a
-background thread refreshes heartbeat_at while the job runs, and the job deletes it at the end.
-A second submit finds it and is refused, unless its heartbeat is older than the timeout (the
-run that held it died) or --force. Taking over a stale lease is not atomic: two drivers that
-both find the same stale lease at the same moment could both take it; keep reruns of one output
-in one scheduler to rule that out.
+background thread refreshes heartbeat_at every `heartbeat_s` while the job runs, and the job
+deletes it at the end. A later submit that finds it:
+
+- takes it over at once when the holder ran on this host and its process is gone (killed, OOM,
+  reboot): the pid is not alive, or now belongs to a process started later;
+- takes it over when its heartbeat is older than the staleness limit (a holder on another host
+  died): `stale_s`, at least three of the holder's own heartbeat intervals;
+- is refused otherwise, unless --force.
+
+Defaults: a heartbeat every 10 s, stale after 60 s; BATCHSPEC_LEASE_HEARTBEAT_S and
+BATCHSPEC_LEASE_STALE_S change them (docs/operations.md). Taking over a stale lease is not
+atomic: two drivers that find the same stale lease at the same moment could both take it; keep
+reruns of one output in one scheduler to rule that out.
 """
 
 from __future__ import annotations
@@ -19,46 +28,76 @@ import time
 
 from .store import OutputStore
 
-DEFAULT_TIMEOUT_S = 600.0  # a heartbeat older than this means the holder is gone
-HEARTBEAT_S = 30.0
+HEARTBEAT_S = float(os.environ.get("BATCHSPEC_LEASE_HEARTBEAT_S", 10))
+DEFAULT_TIMEOUT_S = float(os.environ.get("BATCHSPEC_LEASE_STALE_S", 60))  # no heartbeat for this long: holder gone
 
 
 class LeaseHeld(RuntimeError):
     pass
 
 
+def _process_started(pid: int) -> float | None:
+    """When process `pid` on this host started (epoch s), or None if there is no such process."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return None
+
+
+def holder_is_gone(held: dict) -> str | None:
+    """Why a lease's holder is certainly dead, when it ran on this host; None if alive or elsewhere."""
+    if held.get("host") != socket.gethostname() or not isinstance(held.get("pid"), int):
+        return None
+    started = _process_started(held["pid"])
+    if started is None:
+        return f"its process {held['pid']} on this host is gone"
+    if held.get("pid_started") is not None and abs(started - held["pid_started"]) > 1.0:
+        return f"its process {held['pid']} on this host is gone (the pid now belongs to another process)"
+    return None
+
+
 class Lease:
-    def __init__(self, store: OutputStore, job_id: str, timeout_s: float = DEFAULT_TIMEOUT_S):
-        self.store, self.job_id, self.timeout_s = store, job_id, timeout_s
+    def __init__(self, store: OutputStore, job_id: str, timeout_s: float | None = None,
+                 heartbeat_s: float | None = None):
+        self.store, self.job_id = store, job_id
+        self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+        self.heartbeat_s = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
         self.path = store.meta_path("lease.json")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def _record(self, acquired_at: float) -> dict:
-        return {"job_id": self.job_id, "owner": f"{socket.gethostname()}:{os.getpid()}", "acquired_at": acquired_at,
-                "heartbeat_at": time.time()}
+        host, pid = socket.gethostname(), os.getpid()
+        return {"job_id": self.job_id, "owner": f"{host}:{pid}", "host": host, "pid": pid,
+                "pid_started": _process_started(pid), "acquired_at": acquired_at, "heartbeat_at": time.time(),
+                "heartbeat_s": self.heartbeat_s}
 
     def acquire(self, force: bool = False) -> str | None:
-        """Take the lease; returns a note when a stale or forced lease was taken over."""
+        """Take the lease; returns a note when a dead, stale or forced lease was taken over."""
         if self.store.create_exclusive(self.path, self._record(time.time())):
             self._start()
             return None
         held = self.store.read_json(self.path) or {}
         age = time.time() - float(held.get("heartbeat_at", 0))
-        if age < self.timeout_s and not force:
+        stale_s = max(self.timeout_s, 3 * float(held.get("heartbeat_s", 0)))
+        gone = holder_is_gone(held)
+        if age < stale_s and not gone and not force:
             raise LeaseHeld(
                 f"output is in use by job {held.get('job_id')} ({held.get('owner')}), last heartbeat {age:.0f}s ago; "
-                f"wait for it, or use --force if that run is dead (a lease goes stale after {self.timeout_s:.0f}s)")
+                f"wait for it, or use --force if that run is dead (a lease goes stale after {stale_s:.0f}s "
+                "without a heartbeat)")
         self.store.write_json(self.path, self._record(time.time()))
         self._start()
-        why = "forced" if age < self.timeout_s else f"stale for {age:.0f}s"
+        why = gone or (f"no heartbeat for {age:.0f}s" if age >= stale_s else "forced")
         return f"took over the lease of job {held.get('job_id')} ({held.get('owner')}): {why}"
 
     def _start(self) -> None:
         acquired = time.time()
 
         def beat():
-            while not self._stop.wait(HEARTBEAT_S):
+            while not self._stop.wait(self.heartbeat_s):
                 try:
                     self.store.write_json(self.path, self._record(acquired))
                 except Exception:  # a missed heartbeat is retried at the next beat
