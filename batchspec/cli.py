@@ -4,6 +4,7 @@ so `batchspec --help` loads neither torch nor Ray."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import List, Optional
 
@@ -20,7 +21,9 @@ EXIT_FAILED_SHARDS, EXIT_USAGE = 1, 2
 
 
 def _die(msg: str, code: int = EXIT_USAGE) -> None:
-    typer.echo(f"error: {msg}", err=True)
+    """One line on stderr and the exit code; a user mistake never shows a traceback."""
+    line = " ".join(part.strip() for part in str(msg).splitlines() if part.strip())
+    typer.echo(f"error: {line[:600]}", err=True)
     raise typer.Exit(code)
 
 
@@ -40,30 +43,66 @@ def _options(pairs: list[str]) -> dict:
 
 
 def _run(job: str, overrides: list[str], address: Optional[str], force: bool, quiet: bool, log_format: str,
-         require_existing: bool) -> None:
-    from .runner.job import JobRefused, submit
-    from .runner.logs import configure
+         require_existing: bool, worker_logs: bool = False) -> None:
+    from .runner.logs import capture_stderr, configure
+
+    if log_format not in ("text", "json"):
+        _die(f"--log-format must be text or json, not {log_format!r}")
+    # text: the progress display is the driver's voice (a line per shard, one summary), so
+    # batchspec's INFO records stay off; json: every record, and every other stderr line wrapped.
+    real_stderr = capture_stderr(log_format)
+    configure(log_format, "WARNING" if quiet or log_format == "text" else "INFO")
+    spec = _load(job, overrides)
+    from .runner.job import JobInterrupted, JobRefused, submit
     from .runner.plan import PlanError
     from .runner.progress import Progress
 
-    configure(log_format, "WARNING" if quiet else "INFO")
-    spec = _load(job, overrides)
     if require_existing:
         from .runner.store import OutputStore
 
-        if OutputStore(spec.output.path, spec.output.storage_options).read_job() is None:
+        if _guard(lambda: OutputStore(spec.output.path, spec.output.storage_options).read_job(), spec.output.path) is None:
             _die(f"nothing to rerun at {spec.output.path} (no _batchspec/job.json); use `batchspec submit {job}`")
-    progress = Progress(enabled=not quiet and log_format == "text")
+    progress = Progress(enabled=not quiet and log_format == "text", stream=real_stderr)
     try:
         with progress:
-            result = submit(spec, address=address, force=force, on_shard=progress.shard_done, on_plan=progress.planned)
+            result = submit(spec, address=address, force=force, on_shard=progress.shard_done, on_plan=progress.planned,
+                            worker_logs=worker_logs)
     except (JobRefused, PlanError) as e:
         _die(str(e))
+    except JobInterrupted as e:
+        st = e.status["shards"]
+        typer.echo(f"interrupted: {st['done']} of {st['total']} shard(s) done, {st['pending'] + st['failed']} not done; "
+                   f"`batchspec rerun {job}` runs only those", err=True)
+        raise typer.Exit(130)
     progress.summary(result)
     if not result.ok:
-        typer.echo(f"{len(result.failed)} shard(s) failed: {', '.join(sorted(result.failed))}. Fix the cause, then "
+        typer.echo(f"error: {len(result.failed)} shard(s) failed: {', '.join(sorted(result.failed))}. Fix the cause, then "
                    f"`batchspec rerun {job}` redoes only the shards that are not done.", err=True)
         raise typer.Exit(EXIT_FAILED_SHARDS)
+
+
+def _guard(fn, output: str):
+    """Run a read of an output; a storage error (no endpoint, no credentials, no bucket) is one
+    line and exit 2, not a botocore traceback."""
+    try:
+        return fn()
+    except FileNotFoundError as e:
+        _die(str(e))
+    except Exception as e:  # botocore/aiohttp/OS errors from fsspec
+        hint = ""
+        if output.startswith("s3://"):
+            hint = ("; for an S3-compatible store pass --storage-option endpoint_url=http://HOST:PORT, "
+                    "or give the job file instead of the output path")
+        first = str(e).splitlines()[0] if str(e) else ""
+        _die(f"cannot read {output}: {type(e).__name__}: {first}{hint}")
+
+
+def _output_of(target: str, storage_option: list[str]) -> tuple[str, dict]:
+    """(output path, storage options) from an output path or a job file (which knows both)."""
+    if target.endswith((".yaml", ".yml", ".json")) and os.path.isfile(target):
+        spec = _load(target, [])
+        return spec.output.path, {**spec.output.storage_options, **_options(storage_option)}
+    return target, _options(storage_option)
 
 
 @app.command()
@@ -73,15 +112,18 @@ def submit(
     address: Optional[str] = typer.Option(None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)."),
     force: bool = typer.Option(False, help="Proceed even if the output holds a different spec or stale shards."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display; warnings and errors only."),
-    log_format: str = typer.Option("text", help="text, or json (one record per line, for pipelines)."),
+    log_format: str = typer.Option("text", help="text, or json (every stderr line one JSON object, for pipelines)."),
+    worker_logs: bool = typer.Option(False, help="Also print the actors' own log lines (they are in Ray's session "
+                                                 "logs either way)."),
 ) -> None:
     """Run a job: every shard not yet committed at the output.
 
     Example: batchspec submit jobs/summarize_legal.yaml --set resources.actors=2
 
-    Exit code 0 when every shard is committed, 1 when some failed (rerun them), 2 on a usage error.
+    Prints a line per shard and a summary. Exit code 0 when every shard is committed, 1 when some
+    failed (rerun them), 2 on a usage error, 130 when interrupted (Ctrl-C; rerun continues).
     """
-    _run(job, set_, address, force, quiet, log_format, require_existing=False)
+    _run(job, set_, address, force, quiet, log_format, require_existing=False, worker_logs=worker_logs)
 
 
 @app.command()
@@ -90,8 +132,9 @@ def rerun(
     set_: List[str] = typer.Option([], "--set", help=SET_HELP),
     address: Optional[str] = typer.Option(None, help="Ray cluster address."),
     force: bool = typer.Option(False, help="Allow a changed spec or changed inputs (stale shards are regenerated)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q"),
-    log_format: str = typer.Option("text", help="text or json."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display; warnings and errors only."),
+    log_format: str = typer.Option("text", help="text or json (every stderr line one JSON object)."),
+    worker_logs: bool = typer.Option(False, help="Also print the actors' own log lines."),
 ) -> None:
     """Redo only the shards that are not done (failed, missing, or never started).
 
@@ -99,32 +142,39 @@ def rerun(
 
     Refused when the spec changed, or when the input of a committed shard changed, unless --force.
     """
-    _run(job, set_, address, force, quiet, log_format, require_existing=True)
+    _run(job, set_, address, force, quiet, log_format, require_existing=True, worker_logs=worker_logs)
 
 
 @app.command()
 def status(
-    output: str = typer.Argument(..., help="Output path of a job (local or s3://)."),
+    output: str = typer.Argument(..., help="Output path of a job (local or s3://), or the job's spec file."),
     storage_option: List[str] = typer.Option([], "--storage-option", help="fsspec option, e.g. endpoint_url=http://..."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    fmt: str = typer.Option("table", "--format", help="table or json."),
+    as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
 ) -> None:
     """Shards done, failed and pending, with rows and error rows.
 
     Example: batchspec status out/summarize_legal
+
+    Example: batchspec status jobs/summarize_legal.yaml --format json
+
+    JSON: {"complete", "job_status", "shards": {"done", "failed", "pending", "total"}, "rows",
+    "error_rows", "shard_list": [...]}. complete is true only when every planned shard is
+    committed. Exit code 0 when complete, 1 otherwise, 2 on a usage error.
     """
     from .runner.job import status as job_status
 
-    try:
-        st = job_status(output, _options(storage_option))
-    except FileNotFoundError as e:
-        _die(str(e))
-    if as_json:
+    if fmt not in ("table", "json"):
+        _die(f"--format must be table or json, not {fmt!r}")
+    path, opts = _output_of(output, storage_option)
+    st = _guard(lambda: job_status(path, opts), path)
+    if as_json or fmt == "json":
         typer.echo(json.dumps(st, indent=2))
     else:
         from .runner.progress import print_status
 
         print_status(st)
-    raise typer.Exit(0 if st["success"] else EXIT_FAILED_SHARDS)
+    raise typer.Exit(0 if st["complete"] else EXIT_FAILED_SHARDS)
 
 
 @app.command()
@@ -180,7 +230,7 @@ def bench(
 
 @app.command()
 def report(
-    output: str = typer.Argument(..., help="Output path of a job (local or s3://)."),
+    output: str = typer.Argument(..., help="Output path of a job (local or s3://), or the job's spec file."),
     gpu_hour_usd: Optional[float] = typer.Option(None, help="Price of an actor-hour (default: the job's cost.gpu_hour_usd)."),
     fmt: str = typer.Option("table", "--format", help="table, json, csv or html."),
     out: Optional[str] = typer.Option(None, help="Write to this file instead of stdout."),
@@ -195,16 +245,16 @@ def report(
     """
     from .report import build_report, compare, compare_text, render
 
-    opts = _options(storage_option)
-    try:
-        rep = build_report(output, opts, gpu_hour_usd)
-        if compare_to:
-            cmp = compare(rep, build_report(compare_to, opts, gpu_hour_usd))
-            text = json.dumps(cmp, indent=2, default=str) if fmt == "json" else compare_text(cmp)
-        else:
-            text = render(rep, fmt)
-    except FileNotFoundError as e:
-        _die(str(e))
+    if fmt not in ("table", "json", "csv", "html"):
+        _die(f"--format must be table, json, csv or html, not {fmt!r}")
+    path, opts = _output_of(output, storage_option)
+    rep = _guard(lambda: build_report(path, opts, gpu_hour_usd), path)
+    if compare_to:
+        other_path, other_opts = _output_of(compare_to, storage_option)
+        cmp = compare(rep, _guard(lambda: build_report(other_path, other_opts, gpu_hour_usd), other_path))
+        text = json.dumps(cmp, indent=2, default=str) if fmt == "json" else compare_text(cmp)
+    else:
+        text = render(rep, fmt)
     if out:
         with open(out, "w") as f:
             f.write(text)
@@ -228,7 +278,8 @@ def schema(out_dir: str = typer.Option("schemas", help="Directory to write the s
 def main() -> None:
     try:
         app()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # outside a run (a run prints what is done first)
+        typer.echo("interrupted", err=True)
         sys.exit(130)
 
 

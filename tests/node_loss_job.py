@@ -40,7 +40,7 @@ def remove_when_busy():
         if len(held) >= 2:
             break
         time.sleep(0.1)
-    removed["parts_before"] = len(list(out.glob("part-*.parquet")))
+    removed["parts_before"] = len(list((out / "data").glob("part-*.parquet")))
     cluster.remove_node(workers[0])
     removed["node"] = True
 

@@ -69,7 +69,7 @@ def test_driver_killed_mid_job_then_rerun(models_dir, ray_session, tmp_path, fau
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     out = tmp_path / "out"
     deadline = time.time() + 120
-    while len(list(out.glob("part-*.parquet"))) < 2 and time.time() < deadline:
+    while len(list((out / "data").glob("part-*.parquet"))) < 2 and time.time() < deadline:
         time.sleep(0.2)
     from batchspec.runner.job import JobRefused
 
@@ -77,7 +77,7 @@ def test_driver_killed_mid_job_then_rerun(models_dir, ray_session, tmp_path, fau
         submit(spec)
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
-    committed = {p.name: p.stat().st_mtime_ns for p in out.glob("part-*.parquet")}
+    committed = {p.name: p.stat().st_mtime_ns for p in (out / "data").glob("part-*.parquet")}
     assert 2 <= len(committed) < 4, committed
     assert not (out / "_batchspec" / "_SUCCESS").exists()
     faults({})

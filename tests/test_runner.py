@@ -64,11 +64,11 @@ def test_end_to_end_on_s3(models_dir, ray_session, s3):
     assert job["spec"]["input"]["storage_options"]["secret"] == "***"
     assert job["spec"]["input"]["storage_options"]["endpoint_url"] == opts["endpoint_url"]
     assert "testing" not in json.dumps(job)  # no credentials anywhere in job.json
-    assert status(spec.output.path, opts)["done"] == 5
+    assert status(spec.output.path, opts)["shards"]["done"] == 5
 
 
 def _mtimes(folder) -> dict[str, int]:
-    return {p.name: p.stat().st_mtime_ns for p in folder.glob("part-*.parquet")}
+    return {p.name: p.stat().st_mtime_ns for p in (folder / "data").glob("part-*.parquet")}
 
 
 def test_rerun_redoes_only_missing_shards(models_dir, ray_session, tmp_path):
@@ -78,6 +78,9 @@ def test_rerun_redoes_only_missing_shards(models_dir, ray_session, tmp_path):
     out = tmp_path / "out"
     before = _mtimes(out)
     (out / "_batchspec" / "shards" / "prompts-0001.json").unlink()
+    st = status(str(out))  # _SUCCESS is still there, but a planned shard is not committed
+    assert not st["complete"] and st["shards"] == {"done": 2, "failed": 0, "pending": 1, "total": 3}
+    assert st["rows"] == 8 and st["success_marker"]
 
     again = submit(spec)
 
@@ -101,7 +104,7 @@ def test_rerun_with_changed_spec_is_refused_unless_forced(models_dir, ray_sessio
         submit(changed)
     forced = submit(changed, force=True)
     assert forced.ok and forced.done == ["prompts-0000"]
-    part = pq.read_table(tmp_path / "out" / "part-prompts-0000.parquet")
+    part = pq.read_table(tmp_path / "out" / "data" / "part-prompts-0000.parquet")
     assert max(part.column("completion_tokens").to_pylist()) <= 5
 
 
@@ -153,7 +156,7 @@ def test_bad_rows_and_unreadable_shard(models_dir, ray_session, tmp_path):
     assert utf8["u1"]["error"] is None and utf8["u3"]["error"] is None and utf8["u3"]["completion_tokens"] > 0
     assert not store.has_success()
     st = status(str(tmp_path / "out"))
-    assert (st["done"], st["failed"]) == (4, 1)
+    assert (st["shards"]["done"], st["shards"]["failed"], st["complete"]) == (4, 1, False)
     # Fix the file, rerun: only the failed shard runs and the job completes.
     write_prompt_shards(lambda name, t: write("truncated-0000.parquet", t), 1, 2, prefix="fixed", seed=9)
     again = submit(spec)
@@ -173,8 +176,8 @@ def test_output_inside_input_is_refused(models_dir, tmp_path):
 
 def test_shard_ids_stay_inside_the_output(tmp_path):
     store = OutputStore(str(tmp_path / "out"))
-    assert store.part_path("../../etc/passwd").startswith(str(tmp_path / "out") + "/part-")
-    assert "/" not in store.part_name("a/../../b")
+    assert store.part_path("../../etc/passwd").startswith(str(tmp_path / "out") + "/data/part-")
+    assert store.part_name("a/../../b").count("/") == 1  # data/<one name>
 
 
 def test_cli_submit_exit_code_names_failed_shards(models_dir, ray_session, tmp_path):
@@ -190,7 +193,7 @@ def test_cli_submit_exit_code_names_failed_shards(models_dir, ray_session, tmp_p
     assert res.exit_code == 1, res.output
     assert "broken-0000" in res.output
     res = CliRunner().invoke(app, ["status", str(tmp_path / "out"), "--json"])
-    assert res.exit_code == 1 and json.loads(res.stdout)["failed"] == 1
+    assert res.exit_code == 1 and json.loads(res.stdout)["shards"]["failed"] == 1
     os.remove(tmp_path / "in" / "broken-0000.parquet")
     res = CliRunner().invoke(app, ["rerun", str(job), "--quiet"])
     # The broken shard's input is gone: the job now has one shard, done.

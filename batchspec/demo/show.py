@@ -8,7 +8,7 @@ import polars as pl
 
 
 def main(output: str = "out/summarize_legal", data: str = "jobs/data/legal", n: int = 3) -> None:
-    parts = pl.read_parquet(f"{output}/part-*.parquet")
+    parts = pl.read_parquet(f"{output}/data")
     inputs = pl.read_parquet(f"{data}/*.parquet")
     joined = parts.join(inputs, left_on="id", right_on="doc_id").sort("id").head(n)
     for row in joined.iter_rows(named=True):
@@ -19,7 +19,7 @@ def main(output: str = "out/summarize_legal", data: str = "jobs/data/legal", n: 
     print(f"exact match with the reference summary: {exact} of {all_rows.height}")
     spec_rows = parts.filter(pl.col("spec_enabled"))
     acc = (spec_rows["accepted_tokens"].sum() / spec_rows["draft_tokens"].sum()) if spec_rows.height else None
-    print(f"{parts.height} rows in {output}/part-*.parquet; {spec_rows.height} with speculation on"
+    print(f"{parts.height} rows in {output}/data; {spec_rows.height} with speculation on"
           + (f", acceptance {acc:.2f}" if acc is not None else ""))
     print(f"status: batchspec status {output}")
     print("note: the demo models were trained by this project on synthetic contracts only (docs/demo.md); "

@@ -67,19 +67,27 @@ def shard_is_done(manifest: dict | None, shard: Shard, store: OutputStore) -> bo
     return is_committed(manifest, shard, store) and manifest.get("rows_out") == shard.rows
 
 
-def check_paths(spec: JobSpec) -> None:
+def check_paths(spec: JobSpec, probe: bool = False) -> None:
+    """Refuse an output inside the input; with probe, also one that cannot be written (tried)."""
     inp, out = spec.input.path.rstrip("/*"), spec.output.path.rstrip("/")
     if out == inp or out.startswith(inp.rstrip("/") + "/"):
         raise JobRefused(f"output {spec.output.path} is inside the input {spec.input.path}; parts would be read as input")
+    if probe:
+        problem = OutputStore(spec.output.path, spec.output.storage_options).writable_problem()
+        if problem:
+            raise JobRefused(problem)
 
 
 def prepare(spec: JobSpec, force: bool = False) -> tuple[OutputStore, list[Shard], list[Shard], dict]:
-    """(store, all shards, shards to run, manifests); raises JobRefused on a stale output."""
-    check_paths(spec)
+    """(store, all shards, shards to run, manifests); raises JobRefused on a stale or unwritable output."""
+    check_paths(spec, probe=True)
     store = OutputStore(spec.output.path, spec.output.storage_options)
     shards = plan_shards(spec.input.path, spec.input.storage_options, spec.input.max_rows_per_shard)
-    manifests = store.manifests()
-    job = store.read_job()
+    try:
+        manifests = store.manifests()
+        job = store.read_job()
+    except Exception as e:  # the probe wrote, but reading failed: permissions, a broken job.json
+        raise JobRefused(f"cannot read the output {spec.output.path}: {type(e).__name__}: {e}") from e
     if job and not force:
         if job.get("spec_hash") != spec.output_hash():
             raise JobRefused(
@@ -100,29 +108,37 @@ def _stale(manifest: dict | None, shard: Shard, spec: JobSpec) -> bool:
     return not manifest or manifest.get("input") != shard.fingerprint or manifest.get("spec_hash") != spec.output_hash()
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+def init_ray(address: str | None = None, num_cpus: int | None = None, worker_logs: bool = False) -> None:
+    """Start (or join) Ray with the driver's stderr kept for batchspec's own lines: Ray logs at
+    WARNING, and actors' output goes to their log files unless worker_logs forwards it."""
     import ray
+
+    from .logs import quiet_foreign_loggers
 
     if ray.is_initialized():
         return
+    quiet_foreign_loggers()  # `import ray` installed its console handler; ray.init already logs
     address = address or os.environ.get("RAY_ADDRESS")
     passed = ("BATCHSPEC_LOG_FORMAT", "BATCHSPEC_LOG_LEVEL", "BATCHSPEC_CACHE", "BATCHSPEC_FAULT_FILE", "HF_HUB_OFFLINE",
               "VLLM_LOGGING_LEVEL", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "OMP_WAIT_POLICY")
     env = {"env_vars": {k: os.environ[k] for k in passed if k in os.environ}}
     if address:
-        ray.init(address=address, runtime_env=env, log_to_driver=True)
+        ray.init(address=address, runtime_env=env, log_to_driver=worker_logs, logging_level=logging.WARNING)
     else:
         # address="local": always a fresh local instance. Plain ray.init() would attach to whatever
         # cluster /tmp/ray/ray_current_cluster names, even a dead one left by an earlier run.
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=True)
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=worker_logs,
+                 logging_level=logging.WARNING)
 
 
 def submit(spec: JobSpec, address: str | None = None, force: bool = False,
            on_shard: Callable[[dict], None] | None = None, on_plan: Callable[[list[Shard], list[Shard]], None] | None = None,
-           lease_timeout_s: float | None = None) -> JobResult:
+           lease_timeout_s: float | None = None, worker_logs: bool = False) -> JobResult:
     """Run every shard that is not done; commit manifests, job.json and, when all are done, _SUCCESS.
 
-    force: proceed despite a changed spec or changed inputs, and take over another run's lease."""
+    force: proceed despite a changed spec or changed inputs, and take over another run's lease.
+    On KeyboardInterrupt (Ctrl-C) the run is recorded as interrupted in job.json, the lease is
+    released, and the interrupt propagates (raised as JobInterrupted, with what is done)."""
     t0 = time.perf_counter()
     store, shards, todo, manifests = prepare(spec, force)
     backend = pick_backend(spec)
@@ -141,9 +157,33 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
     if note:
         log_event(log, note, logging.WARNING, job=job_id)
     try:
-        return _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0, backend)
+        return _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0, backend, worker_logs)
+    except KeyboardInterrupt:
+        st = _interrupted(spec, store, shards, job_id, backend)
+        raise JobInterrupted(job_id, st) from None
     finally:
         lease.release()
+
+
+class JobInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run; `status` is status() of the output at that moment."""
+
+    def __init__(self, job_id: str, status: dict):
+        super().__init__(job_id)
+        self.job_id, self.status = job_id, status
+
+
+def _interrupted(spec: JobSpec, store: OutputStore, shards: list[Shard], job_id: str, backend) -> dict:
+    job = store.read_job() or {}
+    runs = job.get("runs") or [{"job_id": job_id}]
+    st = status(spec.output.path, spec.output.storage_options)
+    runs[-1].update({"status": "interrupted", "finished_at": now_iso(), "done": st["shards"]["done"],
+                     "pending": st["shards"]["pending"] + st["shards"]["failed"]})
+    job.update({"status": "interrupted", "runs": runs, "updated_at": now_iso()})
+    store.write_job(job)
+    log_event(log, "job interrupted", logging.WARNING, job=job_id, done=st["shards"]["done"],
+              pending=st["shards"]["pending"], failed=st["shards"]["failed"])
+    return st
 
 
 def pick_backend(spec: JobSpec) -> tuple[str, str]:
@@ -156,7 +196,7 @@ def pick_backend(spec: JobSpec) -> tuple[str, str]:
         raise JobRefused(str(e)) from None
 
 
-def _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0, backend) -> JobResult:
+def _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0, backend, worker_logs=False) -> JobResult:
     import ray
     import ray.data
 
@@ -170,8 +210,11 @@ def _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0, back
 
     reported: dict[str, str | None] = {}  # shard -> error, as the actors reported it
     if todo:
-        init_ray(address)
+        init_ray(address, worker_logs=worker_logs)
+        from .logs import quiet_foreign_loggers
         from .worker import ShardWorker
+
+        quiet_foreign_loggers()
 
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False  # batchspec draws its own progress (shards, rows, tokens/s)
@@ -195,6 +238,7 @@ def _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0, back
         for row in ds.iter_rows():
             manifest = json.loads(row["summary"])
             reported[manifest["shard"]] = manifest.get("error")
+            _log_shard(job_id, manifest)
             if on_shard:
                 on_shard(manifest)
 
@@ -225,6 +269,20 @@ def _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0, back
     return result
 
 
+def _log_shard(job_id: str, m: dict) -> None:
+    """The driver's line for a finished shard (actors log to their own files): in order, before
+    the job's last line, with the figures a pipeline wants."""
+    tok = m.get("tokens") or {}
+    if m.get("status") == "done":
+        log_event(log, "shard done", job=job_id, shard=m["shard"], rows=m.get("rows_out"),
+                  error_rows=m.get("error_rows", 0), completion_tokens=tok.get("completion_tokens", 0),
+                  accepted_tokens=tok.get("accepted_tokens", 0), draft_tokens=tok.get("draft_tokens", 0),
+                  attempts=m.get("attempts"))
+    else:
+        log_event(log, f"shard failed: {m.get('error')}", logging.WARNING, job=job_id, shard=m["shard"],
+                  attempts=m.get("attempts"))
+
+
 def _job_record(spec: JobSpec, job_id: str, shards: list[Shard], previous: dict | None, status: str,
                 result: JobResult | None = None, backend: tuple[str, str] | None = None) -> dict:
     import importlib.metadata as md
@@ -251,7 +309,15 @@ def _job_record(spec: JobSpec, job_id: str, shards: list[Shard], previous: dict 
 
 
 def status(output: str, storage_options: dict | None = None) -> dict:
-    """Shards done, failed and pending, with rows and errors, from the manifests alone."""
+    """Shards done, failed and pending, with rows and errors, from the manifests alone.
+
+    complete: every shard the job planned is committed (manifest says done and its part exists),
+    whatever _SUCCESS says: a part deleted after the run makes the job incomplete again.
+    """
+    import time as _time
+
+    from .lease import holder_is_gone
+
     store = OutputStore(output, storage_options)
     job = store.read_job()
     if job is None:
@@ -267,6 +333,15 @@ def status(output: str, storage_options: dict | None = None) -> dict:
                      "error_rows": (m or {}).get("error_rows", 0), "attempts": (m or {}).get("attempts", 0),
                      "error": (m or {}).get("error")})
     counts = {k: sum(r["status"] == k for r in rows) for k in ("done", "failed", "pending")}
-    return {"name": job.get("name"), "job_status": job.get("status"), "success": store.has_success(),
-            "shards": rows, **counts, "rows": sum(r["rows"] or 0 for r in rows if r["status"] == "done"),
-            "error_rows": sum(r["error_rows"] for r in rows if r["status"] == "done")}
+    job_status = job.get("status")
+    if job_status == "running":
+        held = store.read_json(store.meta_path("lease.json"))
+        stale = held and _time.time() - float(held.get("heartbeat_at", 0)) > max(60.0, 3 * held.get("heartbeat_s", 0))
+        if not held or holder_is_gone(held) or stale:
+            job_status = "stopped"  # its driver died without recording an end; rerun finishes it
+    return {"name": job.get("name"), "output": output, "job_status": job_status,
+            "complete": counts["done"] == len(rows), "success_marker": store.has_success(),
+            "shards": {**counts, "total": len(rows)},
+            "rows": sum(r["rows"] or 0 for r in rows if r["status"] == "done"),
+            "error_rows": sum(r["error_rows"] for r in rows if r["status"] == "done"),
+            "shard_list": rows}

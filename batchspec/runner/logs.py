@@ -2,6 +2,10 @@
 
 Records carry ids (job, shard, row) and prompt hashes, never raw prompts or credentials:
     log_event(log, "shard done", job=job_id, shard="prompts-0003", rows=812)
+
+What a user sees on stderr is the driver's: a line per shard and a summary (text), or one JSON
+object per line (json). Actors log to Ray's session log files (docs/operations.md says where);
+`--worker-logs` forwards them too, with Ray's "(MapWorker pid=...)" prefix.
 """
 
 from __future__ import annotations
@@ -9,10 +13,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
+import threading
 import time
 
 _FORMAT_ENV = "BATCHSPEC_LOG_FORMAT"
+# Third-party loggers that print on the driver: quiet them to warnings and, in JSON mode, route
+# them through the JSON formatter so every line parses.
+_FOREIGN = ("ray", "ray.data", "ray.train", "ray.tune", "transformers", "vllm", "py.warnings", "filelock", "fsspec",
+            "s3fs", "botocore", "urllib3")
 
 
 def _ids(record: logging.LogRecord) -> dict:
@@ -36,19 +46,128 @@ class TextFormatter(logging.Formatter):
         return f"{base} {extra}".rstrip()
 
 
-def configure(fmt: str = "text", level: str = "INFO") -> None:
-    """Configure the batchspec loggers; fmt 'json' or 'text'. Actors inherit fmt through the env."""
-    os.environ[_FORMAT_ENV] = fmt
+# Ray's notices that say nothing to a batchspec user (we turn the progress bars off ourselves;
+# token auth is about Ray's dashboard, which a local run does not start).
+_NOISE = ("Progress bars disabled", "Token authentication is enabled")
+
+
+class _DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not any(n in msg for n in _NOISE)
+
+
+def _handler(fmt: str) -> logging.Handler:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(_DropNoise())
+    return handler
+
+
+def configure(fmt: str = "text", level: str = "INFO", foreign_level: str = "WARNING") -> None:
+    """Configure the batchspec loggers; fmt 'json' or 'text'. Actors inherit fmt through the env.
+    Third-party loggers (Ray, transformers, vLLM, warnings) print at foreign_level and above,
+    through a handler of their own in batchspec's format."""
+    os.environ[_FORMAT_ENV] = fmt
     root = logging.getLogger("batchspec")
-    root.handlers[:] = [handler]
+    root.handlers[:] = [_handler(fmt)]
     root.setLevel(level)
     root.propagate = False
+    logging.captureWarnings(True)
+    configure.state = (fmt, foreign_level)
+    for name in _FOREIGN:
+        _take_over(logging.getLogger(name), fmt, foreign_level)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error" if foreign_level != "INFO" else "warning")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def _take_over(logger: logging.Logger, fmt: str, level: str) -> None:
+    """Replace a library's console handlers with ours (file handlers, e.g. Ray Data's, stay)."""
+    keep = [h for h in logger.handlers if isinstance(h, logging.FileHandler) or type(h).__name__ == "SessionFileHandler"]
+    logger.handlers[:] = keep + [_handler(fmt)]
+    logger.setLevel(level)
+    logger.propagate = False
+
+
+def quiet_foreign_loggers() -> None:
+    """Run after ray.init and `import ray.data`: both install their own console handlers."""
+    fmt, level = getattr(configure, "state", ("text", "WARNING"))
+    for name in ("ray", "ray.data"):
+        _take_over(logging.getLogger(name), fmt, level)
+
+
+# Lines other code writes to the driver's stderr that tell a batchspec user nothing: Ray Data's
+# actor pool trips Ray core's warning about constructor arguments in the object store on every
+# run (ray-project/ray#57733, open); it is harmless here (the arguments are small and live for
+# the whole run).
+_NOISE_LINES = (re.compile(r"core_worker\.cc:\d+: Actor with class name: .* has constructor arguments in the object store"),)
+
+
+def capture_stderr(fmt: str):
+    """Put a filter on file descriptor 2, whoever writes to it (Ray's C++ core, Ray's own
+    processes, a library's print): the known noise above is dropped, and fmt "json" makes every
+    line one JSON object (JSON lines pass, the rest are wrapped as {"level": "INFO", "logger":
+    "stderr", "msg": line}). One pipe keeps the order. Returns a stream on the real stderr, for
+    the live progress display, or None when stderr is not the process's own (under a test
+    runner) and nothing was changed."""
+    if getattr(capture_stderr, "real", None) is not None:
+        return capture_stderr.real
+    if sys.stderr is not sys.__stderr__:
+        return None
+    try:
+        sys.stderr.flush()
+        real = os.dup(2)
+    except (OSError, ValueError):
+        return None
+    tty = os.isatty(real)
+    read_fd, write_fd = os.pipe()
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    out = os.fdopen(real, "w", buffering=1)
+    out.isatty = lambda: tty  # the progress display draws a live bar only on a terminal
+
+    def pump():
+        with os.fdopen(read_fd, "rb") as src:
+            for raw in src:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                if any(p.search(line) for p in _NOISE_LINES):
+                    continue
+                if fmt == "json":
+                    if not line.strip():
+                        continue
+                    try:
+                        is_record = isinstance(json.loads(line), dict)
+                    except ValueError:
+                        is_record = False
+                    if not is_record:
+                        line = json.dumps({"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()), "level": "INFO",
+                                           "logger": "stderr", "msg": line})
+                out.write(line + "\n")
+
+    thread = threading.Thread(target=pump, name="batchspec-stderr", daemon=True)
+    thread.start()
+
+    def drain():
+        sys.stderr.flush()
+        os.dup2(out.fileno(), 2)  # the pipe loses its last writer here (Ray's children end first)
+        thread.join(timeout=2)
+
+    import atexit
+
+    atexit.register(drain)
+    capture_stderr.real = out
+    return out
 
 
 def configure_worker_logging() -> None:
     configure(os.environ.get(_FORMAT_ENV, "text"), os.environ.get("BATCHSPEC_LOG_LEVEL", "INFO"))
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # "Loading weights" bars, once per actor
+    except ImportError:
+        pass
 
 
 def log_event(logger: logging.Logger, msg: str, level: int = logging.INFO, **ids) -> None:

@@ -11,14 +11,20 @@ from rich.table import Table
 
 from ..rates import acceptance_rate
 
-console = Console(stderr=True)
+# soft_wrap: a line longer than the terminal (or than 80 columns, when stderr is a file or a pipe)
+# stays one line; markup/highlight off: shard ids and errors are printed as they are.
+console = Console(stderr=True, soft_wrap=True, markup=False, highlight=False)
 
 
 class Progress:
     """Shard-level progress with running totals; a no-op when disabled (--quiet, JSON logs)."""
 
-    def __init__(self, enabled: bool = True):
-        self.enabled = enabled and sys.stderr.isatty()  # a live bar only on a terminal; plain lines otherwise
+    def __init__(self, enabled: bool = True, stream=None):
+        global console
+        if stream is not None:  # the real stderr, when the driver filters file descriptor 2 (logs.capture_stderr)
+            console = Console(file=stream, soft_wrap=True, markup=False, highlight=False, force_terminal=stream.isatty())
+        stream = stream or sys.stderr
+        self.enabled = enabled and stream.isatty()  # a live bar only on a terminal; plain lines otherwise
         self.printing = enabled
         self.rows = self.tokens = self.accepted = self.drafted = self.failed = 0
         self.t0 = time.perf_counter()
@@ -27,7 +33,7 @@ class Progress:
 
     def __enter__(self):
         if self.enabled:
-            self._bar = RichProgress(TextColumn("[bold]shards"), BarColumn(), MofNCompleteColumn(),
+            self._bar = RichProgress(TextColumn("shards", style="bold"), BarColumn(), MofNCompleteColumn(),
                                      TextColumn("{task.fields[stats]}"), TimeRemainingColumn(), console=console)
             self._bar.__enter__()
         return self
@@ -39,7 +45,7 @@ class Progress:
     def planned(self, shards, todo) -> None:
         self.t0 = time.perf_counter()
         if self.printing:
-            console.print(f"{len(shards)} shard(s), {len(todo)} to run, {len(shards) - len(todo)} already done")
+            console.print(f"{len(shards)} shard(s): {len(todo)} to run, {len(shards) - len(todo)} already done")
         if self._bar is not None:
             self._task = self._bar.add_task("shards", total=len(todo), stats="")
 
@@ -70,7 +76,7 @@ class Progress:
             f"{'done' if result.ok else 'FAILED'}: {len(result.done)} shard(s) run, {len(result.skipped)} already done, "
             f"{len(result.failed)} failed | {result.rows} rows ({result.error_rows} error rows) | "
             f"{result.completion_tokens} tokens in {result.wall_s:.1f}s ({result.tokens_per_s:.0f} tok/s) | "
-            f"acceptance {acc}\noutput: {result.output}")
+            f"acceptance {acc} | output {result.output}")
 
 
 def print_status(st: dict) -> None:

@@ -1,6 +1,6 @@
 """The output store: part files and manifests under one output path, local or s3://.
 
-    <output>/part-<shard>.parquet              one per committed shard, never partial
+    <output>/data/part-<shard>.parquet         one per committed shard, never partial
     <output>/_batchspec/job.json               spec snapshot (secrets masked), hashes, versions
     <output>/_batchspec/shards/<shard>.json    status, attempts, rows, errors, policy, timings
     <output>/_batchspec/_SUCCESS               written last, when every shard is committed
@@ -8,6 +8,11 @@
 Every write is staged in a local temporary file and then published with one upload (S3 PUT, which
 is atomic per object) or one rename (local). fsspec closes, and so publishes, a file even when the
 code writing it raised, so nothing is ever streamed straight to its final key.
+
+Parts sit in data/, apart from the metadata, so every reader opens <output>/data (or the glob
+<output>/data/*.parquet) as a plain directory of Parquet files: polars refuses a directory that
+holds any other file, _batchspec/ included. Outputs written before data/ existed (parts at the
+top) are still read and counted as committed.
 """
 
 from __future__ import annotations
@@ -76,16 +81,47 @@ class OutputStore:
 
     # paths -----------------------------------------------------------------------------------
     def part_name(self, shard: str) -> str:
-        return f"part-{safe_name(shard)}.parquet"
+        """The part's path under the output (what manifests record)."""
+        return f"data/part-{safe_name(shard)}.parquet"
 
     def part_path(self, shard: str) -> str:
         return f"{self.root}/{self.part_name(shard)}"
+
+    def data_path(self) -> str:
+        """Where readers point: a directory of Parquet files only."""
+        return f"{self.url}/data"
+
+    @staticmethod
+    def _legacy_name(shard: str) -> str:
+        return f"part-{safe_name(shard)}.parquet"
 
     def meta_path(self, *parts: str) -> str:
         return "/".join([self.root, "_batchspec", *parts])
 
     def manifest_path(self, shard: str) -> str:
         return self.meta_path("shards", f"{safe_name(shard)}.json")
+
+    def writable_problem(self) -> str | None:
+        """Why nothing can be written at this output, found by trying (None when it can)."""
+        if self.is_local:
+            path = os.path.abspath(self.root)
+            probe = path
+            while not os.path.exists(probe):
+                probe = os.path.dirname(probe)
+            if not os.path.isdir(probe):
+                return f"output {self.url} is under {probe}, which is a file, not a directory"
+            if not os.access(probe, os.W_OK | os.X_OK):
+                return f"output {self.url} cannot be created or written: no write permission on {probe}"
+            if os.path.isdir(path) and not os.access(path, os.W_OK | os.X_OK):
+                return f"output {self.url} is not writable (no write permission)"
+            return None
+        probe = self.meta_path(f".write-probe-{uuid.uuid4().hex[:8]}")
+        try:
+            self.fs.pipe_file(probe, b"")
+            self.fs.rm(probe)
+        except Exception as e:
+            return f"output {self.url} is not writable: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return None
 
     # writes ----------------------------------------------------------------------------------
     def _publish(self, local_file: str, dest: str) -> None:
@@ -188,18 +224,24 @@ class OutputStore:
 
     def committed(self, shard: str, manifest: dict | None) -> bool:
         """The manifest says done, names this shard's part, and the part exists (readers trust this)."""
-        if not manifest or manifest.get("status") != "done" or manifest.get("part") != self.part_name(shard):
+        if not manifest or manifest.get("status") != "done":
             return False
-        return self.part_info(shard) is not None
+        if manifest.get("part") not in (self.part_name(shard), self._legacy_name(shard)):
+            return False
+        return self.part_info(shard, manifest) is not None
 
-    def part_info(self, shard: str) -> dict | None:
+    def part_info(self, shard: str, manifest: dict | None = None) -> dict | None:
+        name = (manifest or {}).get("part") or self.part_name(shard)
         try:
-            return self.fs.info(self.part_path(shard))
+            return self.fs.info(f"{self.root}/{name}")
         except FileNotFoundError:
             return None
 
     def read_part(self, shard: str) -> pa.Table:
-        with self.fs.open(self.part_path(shard), "rb") as f:
+        path = self.part_path(shard)
+        if not self.fs.exists(path) and self.fs.exists(f"{self.root}/{self._legacy_name(shard)}"):
+            path = f"{self.root}/{self._legacy_name(shard)}"  # an output written before data/
+        with self.fs.open(path, "rb") as f:
             return pq.read_table(f)
 
 

@@ -45,7 +45,7 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
 
     v = Validation()
     try:
-        check_paths(spec)
+        check_paths(spec, probe=True)
     except JobRefused as e:
         v.problems.append(str(e))
     try:

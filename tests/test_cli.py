@@ -1,0 +1,183 @@
+"""The command line as a user meets it, run as a real process where the terminal matters: one
+line per shard and one summary, a truly quiet --quiet, JSON on every stderr line, Ctrl-C that
+says what is done, user mistakes as one line and exit 2, a status a pipeline can read, and an
+output directory that polars, pandas, pyarrow and duckdb all open."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import local_writer, write_prompt_shards
+from typer.testing import CliRunner
+
+from batchspec.cli import app
+
+BATCHSPEC = str(Path(sys.executable).with_name("batchspec"))
+
+
+def write_job(models_dir, tmp_path, name="job", shards=3, rows=4, max_new=8, **model) -> Path:
+    inp = tmp_path / f"{name}-in"
+    if not inp.exists():
+        write_prompt_shards(local_writer(inp), shards, rows)
+    spec = {"name": name, "input": {"path": str(inp), "id_column": "doc_id"}, "output": {"path": str(tmp_path / f"{name}-out")},
+            "model": {"target": str(models_dir / "llama-target"), "draft": {"kind": "ngram"}, "backend": "hf", **model},
+            "generation": {"max_new_tokens": max_new}, "resources": {"actors": 1, "batch_size": 4}}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def run_cli(*args, timeout=300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "60"}  # a narrow terminal width must not wrap lines into a file
+    return subprocess.run([BATCHSPEC, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_default_output_is_a_line_per_shard_and_one_summary(models_dir, tmp_path):
+    job = write_job(models_dir, tmp_path)
+    res = run_cli("submit", str(job))
+    assert res.returncode == 0, res.stderr
+    lines = res.stderr.splitlines()
+    assert lines[0] == "3 shard(s): 3 to run, 0 already done"
+    assert sorted(line.split(":")[0] for line in lines[1:4]) == [f"shard prompts-000{i}" for i in range(3)]
+    assert lines[4].startswith("done: 3 shard(s) run") and lines[4].endswith(f"output {tmp_path / 'job-out'}")
+    assert len(lines) == 5, res.stderr  # no Ray banner, no worker lines, no loading bars, no wrapped summary
+
+
+def test_quiet_prints_nothing_on_success_and_json_is_json(models_dir, tmp_path):
+    job = write_job(models_dir, tmp_path)
+    quiet = run_cli("submit", str(job), "--quiet")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+
+    job2 = write_job(models_dir, tmp_path, name="json")
+    res = run_cli("submit", str(job2), "--log-format", "json")
+    assert res.returncode == 0, res.stderr
+    records = [json.loads(line) for line in res.stderr.splitlines()]  # every line parses
+    assert all(isinstance(r, dict) for r in records)
+    msgs = [r["msg"] for r in records]
+    assert msgs[0] == "job started" and msgs[-1] == "job succeeded"
+    assert sorted(r["shard"] for r in records if r["msg"] == "shard done") == [f"prompts-000{i}" for i in range(3)]
+    assert all(r["logger"].startswith("batchspec") for r in records), msgs  # nothing foreign got through
+
+
+def test_ctrl_c_records_the_run_and_says_how_to_continue(models_dir, tmp_path):
+    job = write_job(models_dir, tmp_path, shards=12, rows=40, max_new=128)
+    err = tmp_path / "stderr.txt"
+    with open(err, "w") as f:
+        proc = subprocess.Popen([BATCHSPEC, "submit", str(job)], stderr=f, stdout=subprocess.DEVNULL)
+        deadline = time.time() + 240
+        while "done |" not in err.read_text() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    text = err.read_text()
+    assert "interrupted:" in text and f"`batchspec rerun {job}` runs only those" in text
+    record = json.loads((tmp_path / "job-out" / "_batchspec" / "job.json").read_text())
+    assert record["status"] == "interrupted" and record["runs"][-1]["status"] == "interrupted"
+    assert record["runs"][-1]["pending"] > 0
+    assert not (tmp_path / "job-out" / "_batchspec" / "lease.json").exists()  # released: rerun starts at once
+    res = run_cli("rerun", str(job), "--quiet")
+    assert res.returncode == 0, res.stderr
+    st = json.loads(run_cli("status", str(job), "--format", "json").stdout)
+    assert st["complete"] and st["shards"]["done"] == 12
+
+
+def one_line_error(res) -> str:
+    assert res.exit_code == 2, res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in res.output, res.output
+    return lines[0]
+
+
+def test_user_mistakes_are_one_line_and_exit_2(models_dir, tmp_path, monkeypatch):
+    cli = CliRunner()
+    (tmp_path / "models").mkdir()
+    monkeypatch.chdir(tmp_path)
+    typo = write_job(models_dir, tmp_path, name="typo", target="models/legal-targt")
+    assert "model directory models/legal-targt does not exist" in one_line_error(cli.invoke(app, ["submit", str(typo)]))
+
+    (tmp_path / "afile").write_text("")
+    spec = yaml.safe_load(write_job(models_dir, tmp_path, name="under").read_text())
+    spec["output"]["path"] = str(tmp_path / "afile" / "out")
+    (tmp_path / "under.yaml").write_text(yaml.safe_dump(spec))
+    assert "which is a file" in one_line_error(cli.invoke(app, ["submit", str(tmp_path / "under.yaml")]))
+    res = cli.invoke(app, ["validate", str(tmp_path / "under.yaml")])
+    assert res.exit_code == 2 and "which is a file" in res.output
+
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        spec["output"]["path"] = str(locked / "out")
+        (tmp_path / "locked.yaml").write_text(yaml.safe_dump(spec))
+        assert "no write permission" in one_line_error(cli.invoke(app, ["submit", str(tmp_path / "locked.yaml")]))
+
+    assert "no batchspec job" in one_line_error(cli.invoke(app, ["status", str(tmp_path / "nothing")]))
+
+
+def test_status_and_report_on_s3_without_endpoint_are_one_line(monkeypatch):
+    for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    for cmd in ("status", "report"):
+        line = one_line_error(CliRunner().invoke(app, [cmd, "s3://no-such-bucket-batchspec/out"]))
+        assert "endpoint_url" in line and "job file" in line
+
+
+def test_status_reads_the_job_file_on_s3_and_prints_json(models_dir, ray_session, s3, tmp_path):
+    from batchspec.runner.job import submit
+    from batchspec.spec import load_spec
+
+    opts, fs, bucket = s3
+    from conftest import s3_writer
+
+    write_prompt_shards(s3_writer(fs, f"{bucket}/in"), 2, 3)
+    spec = {"name": "s3job", "input": {"path": f"{bucket}/in", "id_column": "doc_id", "storage_options": opts},
+            "output": {"path": f"{bucket}/out", "storage_options": opts},
+            "model": {"target": str(models_dir / "llama-target"), "draft": {"kind": "ngram"}, "backend": "hf"},
+            "generation": {"max_new_tokens": 4}, "resources": {"actors": 1}}
+    job = tmp_path / "s3job.yaml"
+    job.write_text(yaml.safe_dump(spec))
+    assert submit(load_spec(str(job))).ok
+    res = CliRunner().invoke(app, ["status", str(job), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    st = json.loads(res.stdout)
+    assert st["complete"] is True and st["shards"] == {"done": 2, "failed": 0, "pending": 0, "total": 2}
+    assert st["rows"] == 6 and st["error_rows"] == 0
+    # A committed part deleted afterwards: incomplete again, whatever _SUCCESS says.
+    fs.rm(f"{bucket}/out/data/part-prompts-0000.parquet")
+    res = CliRunner().invoke(app, ["status", str(job), "--format", "json"])
+    st = json.loads(res.stdout)
+    assert res.exit_code == 1 and st["complete"] is False and st["shards"]["pending"] == 1
+    table = CliRunner().invoke(app, ["status", str(job)])
+    assert "(complete)" not in table.output
+
+
+def test_every_reader_opens_the_output(models_dir, ray_session, tmp_path):
+    import duckdb
+    import pandas as pd
+    import polars as pl
+    import pyarrow.dataset as ds
+
+    from batchspec.runner.job import submit
+    from batchspec.spec import load_spec
+
+    job = write_job(models_dir, tmp_path, shards=3, rows=4)
+    assert submit(load_spec(str(job))).ok
+    data = tmp_path / "job-out" / "data"
+    expected = 12
+    assert pl.read_parquet(data).height == expected
+    assert pl.read_parquet(f"{data}/*.parquet").height == expected
+    assert len(pd.read_parquet(data)) == expected
+    assert len(pd.read_parquet(tmp_path / "job-out")) == expected  # pandas skips _batchspec/ on its own
+    assert ds.dataset(data).count_rows() == expected
+    assert duckdb.sql(f"select count(*) from read_parquet('{data}/*.parquet')").fetchall()[0][0] == expected
+    assert duckdb.sql(f"select count(distinct id) from '{data}/*.parquet'").fetchall()[0][0] == expected
