@@ -214,12 +214,12 @@ class Policy:
         k, predicted = self.best_k(profile, alpha)
         numbers["k"] = k
         if predicted >= threshold:
-            return Decision(True, k, f"on: acceptance {alpha:.2f}, k={k}, predicted {predicted:.2f}x", predicted, alpha,
+            return Decision(True, k, f"on: per-token acceptance {alpha:.2f}, k={k}, predicted {predicted:.2f}x", predicted, alpha,
                             at_row, numbers)
         if currently_on is False and self.reprobe_every and batches_off >= self.reprobe_every:
             return Decision(True, k, f"on (re-probe): off for {batches_off} micro-batches, checking acceptance again "
                             f"(last estimate {alpha:.2f}, predicted {predicted:.2f}x)", predicted, alpha, at_row, numbers)
-        return Decision(False, 0, f"off: acceptance {alpha:.2f} gives predicted {predicted:.2f}x (< {threshold:.2f}x) "
+        return Decision(False, 0, f"off: per-token acceptance {alpha:.2f} gives predicted {predicted:.2f}x (< {threshold:.2f}x) "
                         f"at best k={k}", predicted, alpha, at_row, numbers)
 
 

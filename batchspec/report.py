@@ -87,8 +87,10 @@ def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd:
         shards.append({
             "shard": s, "rows": part.height, "error_rows": part.height - part_ok.height, "completion_tokens": toks,
             "seconds": shard_s, "tokens_per_s": toks / shard_s if shard_s else None, "cost_usd": shard_s / 3600 * price,
-            "spec_rows": part_spec.height, "acceptance_rate": acceptance_rate(d_acc, d_draft),
-            "decisions": [d["reason"] for d in m.get("decisions", [])], "attempts": m.get("attempts"),
+            "spec_rows": part_spec.height, "plain_rows": part_ok.height - part_spec.height,
+            "acceptance_rate": acceptance_rate(d_acc, d_draft),
+            "decisions": [d["reason"] for d in m.get("decisions", [])],
+            "decision_rows": [d.get("at_row", 0) for d in m.get("decisions", [])], "attempts": m.get("attempts"),
         })
     shards.sort(key=lambda r: (r["tokens_per_s"] is not None, r["tokens_per_s"] or 0.0))  # slowest first
     per_row_acc = spec.filter(pl.col("draft_tokens") > 0)["acceptance_rate"] if spec.height else pl.Series([], dtype=pl.Float64)
@@ -150,12 +152,12 @@ def to_text(r: dict) -> str:
         f"ttft p50/p95/p99 {'/'.join(_fmt(r['ttft_s'].get(k), '.3f') for k in ('p50', 'p95', 'p99'))}s  "
         f"latency {'/'.join(_fmt(r['latency_s'].get(k), '.3f') for k in ('p50', 'p95', 'p99'))}s",
         "",
-        f"{'shard':<24}{'rows':>6}{'errors':>7}{'tokens':>8}{'tok/s':>8}{'accept':>8}{'cost $':>10}  decision",
+        f"{'shard':<24}{'rows':>6}{'errors':>7}{'tokens':>8}{'tok/s':>8}{'accept':>8}{'cost $':>10}  decisions",
     ]
     for s in r["shards"]:
         lines.append(f"{s['shard']:<24}{s['rows']:>6}{s['error_rows']:>7}{s['completion_tokens']:>8}"
                      f"{_fmt(s['tokens_per_s'], '.1f'):>8}{_fmt(s['acceptance_rate'], '.3f'):>8}{s['cost_usd']:>10.5f}  "
-                     f"{(s['decisions'] or ['-'])[0][:70]}")
+                     f"{' -> '.join(s['decisions']) or '-'}")
     return "\n".join(lines)
 
 
@@ -202,29 +204,98 @@ def _histogram(title: str, values: list[float], bins: int = 10, lo: float | None
     return _bars(title, labels, [float(c) for c in counts], " rows")
 
 
+ACCEPTANCE_NOTE = ("Acceptance = accepted / proposed draft tokens (share of the draft the target kept). The "
+                   "policy's decisions quote per-token acceptance (alpha) = accepted / (accepted + rejections): a "
+                   "round stops at its first rejected token, so the tokens after it are never tried; alpha is "
+                   "therefore higher whenever k exceeds the runs the draft gets right.")
+
+
+def _card(label: str, value: str, note: str) -> str:
+    return (f"<div class='card'><div class='label'>{html.escape(label)}</div><div class='value'>{html.escape(value)}</div>"
+            f"<div class='note'>{html.escape(note)}</div></div>")
+
+
+def _headline(r: dict) -> str:
+    saving, actor_s = r["estimated_saving_s"], r["actor_seconds"]
+    share = f"{saving / (actor_s + saving) * 100:.0f}% of the plain-decoding time" if actor_s + saving > 0 and saving else ""
+    q = r["acceptance_rate_quantiles"]
+    return "<div class='cards'>" + "".join([
+        _card("Cost", f"${r['cost_usd']:.4f}", f"{actor_s / 3600:.4f} actor-hours at ${r['gpu_hour_usd']}/actor-hour"),
+        _card("Per million tokens", f"${_fmt(r['usd_per_million_tokens'], '.2f')}",
+              f"{r['completion_tokens']} completion tokens, {r['rows']} rows"),
+        _card("Saving from speculation", f"{saving:.1f} s",
+              (f"{share}; " if share else "") + "estimated vs plain decoding of the same rows, from each actor's "
+              "measured draft and verify costs and the rows' accepted and proposed tokens"),
+        _card("Acceptance", _fmt(r["acceptance_rate"], ".3f"),
+              f"accepted / proposed draft tokens over {r['spec_rows']} speculating rows; per row p10 {_fmt(q['p10'])}, "
+              f"p50 {_fmt(q['p50'])}, p90 {_fmt(q['p90'])}; {_fmt(r['mean_acceptance_length'])} tokens per target pass"),
+    ]) + "</div>"
+
+
+def _facts(r: dict) -> str:
+    items = [
+        ("Shards", f"{r['shards_committed']} committed" + (f"; not committed (not counted): "
+                                                           f"{', '.join(r['shards_not_committed'])}" if r["shards_not_committed"] else "")),
+        ("Rows", f"{r['rows']} ({r['error_rows']} error rows); prompt tokens {r['prompt_tokens']}, completion tokens "
+                 f"{r['completion_tokens']}"),
+        ("Time", f"wall {r['wall_s']:.1f} s, actor-seconds {r['actor_seconds']:.1f}; {_fmt(r['tokens_per_s'], '.1f')} tok/s "
+                 f"({_fmt(r['tokens_per_actor_s'], '.1f')} per actor)"),
+        ("Speculation", f"on for {r['spec_rows']} rows in {r['spec_shards']} shard(s), off for {r['plain_rows']} rows in "
+                        f"{r['plain_shards']} shard(s)"),
+        ("Latency", f"time to first token p50/p95/p99 "
+                    f"{'/'.join(_fmt(r['ttft_s'].get(k), '.3f') for k in ('p50', 'p95', 'p99'))} s; row latency "
+                    f"{'/'.join(_fmt(r['latency_s'].get(k), '.3f') for k in ('p50', 'p95', 'p99'))} s"),
+    ]
+    return "<dl>" + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in items) + "</dl>"
+
+
+def _decision_list(s: dict) -> str:
+    if not s["decisions"]:
+        return "-"
+    items = "".join(f"<li><span class='at'>from row {at}:</span> {html.escape(reason)}</li>"
+                    for at, reason in zip(s["decision_rows"] or [0] * len(s["decisions"]), s["decisions"]))
+    return f"<ol>{items}</ol>"
+
+
 def to_html(r: dict) -> str:
-    """One self-contained page: tables and SVG charts, no scripts or external resources."""
+    """One self-contained page: headline figures, the run's facts, every shard with every policy
+    decision, charts. No scripts or external resources; wraps at any width (docs/reports.md)."""
     rows = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
-            s["shard"], s["rows"], s["error_rows"], s["completion_tokens"], _fmt(s["tokens_per_s"], ".1f"),
-            _fmt(s["acceptance_rate"], ".3f"), f"{s['cost_usd']:.5f}", (s["decisions"] or ["-"])[0])) + "</tr>"
+        "<tr>" + "".join(f"<td class='num'>{html.escape(str(v))}</td>" if i else f"<td>{html.escape(str(v))}</td>"
+                         for i, v in enumerate((
+                             s["shard"], s["rows"], s["error_rows"], f"{s['spec_rows']} / {s['rows'] - s['error_rows']}",
+                             s["completion_tokens"], _fmt(s["tokens_per_s"], ".1f"), _fmt(s["acceptance_rate"], ".3f"),
+                             f"{s['cost_usd']:.5f}")))
+        + f"<td class='decisions'>{_decision_list(s)}</td></tr>"
         for s in r["shards"])
     charts = [
-        _histogram("Acceptance rate per row (speculation on)", r["_acceptance_values"], lo=0.0, hi=1.0),
+        _histogram("Acceptance per row (accepted / proposed, speculating rows)", r["_acceptance_values"], lo=0.0, hi=1.0),
         _bars("Throughput per shard (tokens/s)", [s["shard"] for s in r["shards"]],
               [s["tokens_per_s"] or 0.0 for s in r["shards"]]),
         _histogram("Row latency (s)", r["_latency_values"]),
-        _bars("Speculation on vs off (tokens/s per row)", ["on", "off"],
+        _bars("Decode rate per row, speculation on vs off (tokens/s)",
+              [f"on ({r['spec_rows']} rows)", f"off ({r['plain_rows']} rows)"],
               [r["_spec_tokens_per_s"] or 0.0, r["_plain_tokens_per_s"] or 0.0]),
     ]
-    summary = html.escape(to_text({**r, "shards": []}))
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>batchspec report: "
-            f"{html.escape(str(r['name']))}</title><style>body{{font-family:sans-serif;margin:2em}}"
-            "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}"
-            "pre{background:#f5f5f5;padding:1em}</style></head><body>"
-            f"<h1>batchspec report: {html.escape(str(r['name']))}</h1><pre>{summary}</pre>"
-            "<h2>Shards (slowest first)</h2><table><tr><th>shard</th><th>rows</th><th>errors</th><th>tokens</th>"
-            f"<th>tok/s</th><th>acceptance</th><th>cost $</th><th>decision</th></tr>{rows}</table>"
+    style = ("body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#222}"
+             "h1{font-size:1.5em}.cards{display:flex;flex-wrap:wrap;gap:12px;margin:1em 0}"
+             ".card{flex:1 1 220px;border:1px solid #d0d7e2;border-radius:6px;padding:10px 14px;background:#f7f9fc}"
+             ".label{font-size:.85em;color:#555}.value{font-size:1.6em;font-weight:600;margin:2px 0}"
+             ".note{font-size:.8em;color:#555;overflow-wrap:anywhere}"
+             "dl{display:grid;grid-template-columns:max-content 1fr;gap:4px 16px}dt{font-weight:600}"
+             "dd{margin:0;overflow-wrap:anywhere}.tablewrap{overflow-x:auto}"
+             "table{border-collapse:collapse;width:100%}td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px;"
+             "vertical-align:top}th{background:#eef2f8;text-align:left}td:first-child{white-space:nowrap}td.num{text-align:right;white-space:nowrap}"
+             "td.decisions{overflow-wrap:anywhere}td.decisions ol{margin:0;padding-left:1.2em}.at{color:#666}"
+             "p.defs{font-size:.85em;color:#444;max-width:70em}svg{max-width:100%;height:auto}")
+    return ("<!doctype html><html><head><meta charset='utf-8'>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'><title>batchspec report: "
+            f"{html.escape(str(r['name']))}</title><style>{style}</style></head><body>"
+            f"<h1>batchspec report: {html.escape(str(r['name']))}</h1>{_headline(r)}{_facts(r)}"
+            f"<p class='defs'>{html.escape(ACCEPTANCE_NOTE)}</p>"
+            "<h2>Shards (slowest first)</h2><div class='tablewrap'><table><tr><th>shard</th><th>rows</th><th>errors</th>"
+            "<th>speculating rows</th><th>tokens</th><th>tok/s</th><th>acceptance</th><th>cost $</th>"
+            f"<th>policy decisions</th></tr>{rows}</table></div>"
             f"<h2>Charts</h2>{''.join(charts)}</body></html>")
 
 

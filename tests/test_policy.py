@@ -46,13 +46,13 @@ def test_no_prior_probes_first():
 
 def test_low_acceptance_is_off():
     d = policy_with(alpha=0.05).decide(short_prompts(), None)
-    assert not d.speculate and d.reason.startswith("off: acceptance 0.05")
+    assert not d.speculate and d.reason.startswith("off: per-token acceptance 0.05")
 
 
 def test_high_acceptance_at_batch_one_is_on_with_k_above_one():
     d = policy_with(alpha=0.9).decide(short_prompts(), None)
     assert d.speculate and d.k > 1 and d.predicted_speedup > 1.5
-    assert d.reason.startswith("on: acceptance 0.90")
+    assert d.reason.startswith("on: per-token acceptance 0.90")
 
 
 def test_large_batch_is_off_when_measured_costs_say_so():

@@ -34,7 +34,9 @@ def write_fixture(store: OutputStore) -> None:
         part = store.write_part(shard, pa.Table.from_pylist(rows, schema=OUTPUT_SCHEMA))
         store.write_manifest(shard, {"shard": shard, "status": "done", "part": part["part"], "rows_out": len(rows),
                                      "timings": {"total_s": total_s}, "costs": c, "attempts": 1,
-                                     "decisions": [{"reason": "on: acceptance 0.90" if c else "off: prefill-dominated"}]})
+                                     "decisions": [{"reason": "on (probe): no acceptance observed yet", "at_row": 0},
+                                                   {"reason": "on: per-token acceptance 0.95, k=4", "at_row": 2}]
+                                     if c else [{"reason": "off: prefill-dominated", "at_row": 0}]})
     store.write_manifest("c", {"shard": "c", "status": "failed", "error": "unreadable"})
     store.write_job({"name": "fixture", "spec": {"cost": {"gpu_hour_usd": 3.6}}, "runs": [{"wall_s": 25.0}],
                      "shards": ["a", "b", "c"]})
@@ -98,7 +100,16 @@ def test_html_is_self_contained(tmp_path):
     text = page.read_text()
     assert text.startswith("<!doctype html>") and text.count("<svg") == 4
     assert "http://" not in text and "https://" not in text and "<script" not in text
-    assert "Acceptance rate per row" in text and "<td>a</td>" in text
+    assert "<td>a</td>" in text
+    # every decision of a shard, with the row it took effect from
+    assert "from row 0:</span> on (probe)" in text and "from row 2:</span> on: per-token acceptance 0.95" in text
+    assert "on (2 rows)" in text and "off (2 rows)" in text  # on vs off says how many rows each is
+    assert "per-token acceptance (alpha)" in text and "accepted / proposed" in text  # both definitions labelled
+    # headline figures first: cost, per million tokens, saving, acceptance, before the facts and tables
+    order = [text.index(k) for k in ("Cost</div>", "Per million tokens", "Saving from speculation", "Acceptance</div>",
+                                     "<dl>", "<table>")]
+    assert order == sorted(order)
+    assert "$300.00" in text and "0.900" in text
 
 
 def test_compare_two_runs(tmp_path):
@@ -162,3 +173,26 @@ def test_log_lines_carry_batchspec_ids_only(capfd):
         else:
             assert done.endswith("shard done job=j1 shard=s1 rows=3")
     configure("text")
+
+
+def test_html_fits_1400px_in_chromium(tmp_path):
+    """Rendered, not only parsed: no horizontal overflow at 1400 px (or at a phone's 420 px)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from report_screenshot import find_browser, measure
+
+    from batchspec.report import to_html
+
+    if find_browser() is None:
+        pytest.skip("no Chromium here (apt-get install chromium; .ci/run installs it)")
+    store = OutputStore(str(tmp_path / "out"))
+    write_fixture(store)
+    long = "off: per-token acceptance 0.31 gives predicted 0.87x (< 1.05x) at prompt p50 1800 tokens " * 3
+    store.write_manifest("b", {**store.manifests()["b"], "decisions": [{"reason": long, "at_row": 0}]})
+    page = to_html(build_report(str(tmp_path / "out")))
+    for width in (1400, 420):
+        m = measure(page, width, png=str(tmp_path / f"report-{width}.png"))
+        assert m["scroll_width"] <= m["viewport"], (width, m)
+    assert (tmp_path / "report-1400.png").stat().st_size > 10_000
