@@ -159,6 +159,8 @@ def test_status_reads_the_job_file_on_s3_and_prints_json(models_dir, ray_session
     assert res.exit_code == 1 and st["complete"] is False and st["shards"]["pending"] == 1
     table = CliRunner().invoke(app, ["status", str(job)])
     assert "(complete)" not in table.output
+    report = CliRunner().invoke(app, ["report", str(job), "--format", "json"])  # the job file knows the endpoint
+    assert report.exit_code == 0 and json.loads(report.stdout)["rows"] == 3
 
 
 def test_every_reader_opens_the_output(models_dir, ray_session, tmp_path):
@@ -181,3 +183,20 @@ def test_every_reader_opens_the_output(models_dir, ray_session, tmp_path):
     assert ds.dataset(data).count_rows() == expected
     assert duckdb.sql(f"select count(*) from read_parquet('{data}/*.parquet')").fetchall()[0][0] == expected
     assert duckdb.sql(f"select count(distinct id) from '{data}/*.parquet'").fetchall()[0][0] == expected
+
+
+def test_a_model_the_engine_cannot_serve_is_refused_before_ray(models_dir, tmp_path):
+    """A recurrent model (here a Mamba config) is refused by the driver in one line, exit 2,
+    before Ray starts or anything is written: not an ActorDiedError from every actor."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(models_dir / "tokenizer")
+    mamba = tmp_path / "mamba"
+    AutoConfig.for_model("mamba", vocab_size=len(tok), hidden_size=64, num_hidden_layers=2).save_pretrained(mamba)
+    tok.save_pretrained(mamba)
+    job = write_job(models_dir, tmp_path, name="mamba", target=str(mamba))
+    line = one_line_error(CliRunner().invoke(app, ["submit", str(job)]))
+    assert "model type 'mamba' has layers of type linear_attention" in line and "model.backend: vllm" in line
+    assert not (tmp_path / "mamba-out").exists()
+    res = CliRunner().invoke(app, ["validate", str(job)])
+    assert res.exit_code == 2 and "model type 'mamba'" in res.output

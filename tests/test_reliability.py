@@ -90,7 +90,7 @@ def test_driver_killed_mid_job_then_rerun(models_dir, ray_session, tmp_path, fau
                  outputs(out) == outputs(tmp_path / "ref"))
     assert result.ok and sorted(result.skipped) == sorted(n[len("part-"):-len(".parquet")] for n in committed)
     for name, mtime in committed.items():
-        assert (out / name).stat().st_mtime_ns == mtime  # committed parts were not rewritten
+        assert (out / "data" / name).stat().st_mtime_ns == mtime  # committed parts were not rewritten
     assert outputs(out) == outputs(tmp_path / "ref")
 
 

@@ -127,29 +127,30 @@ def attention_window(config) -> int | None:
     return min(sizes)
 
 
-# Model types whose layers keep a recurrent state (SSM, linear attention, RWKV): a rejected draft
-# token cannot be cut from that state, so only plain decoding is exact on them.
+# Model types whose layers keep a recurrent state (SSM, linear attention, RWKV) instead of, or
+# besides, an attention KV cache.
 _RECURRENT_TYPES = {"mamba", "mamba2", "falcon_mamba", "rwkv", "jamba", "zamba", "zamba2", "recurrent_gemma", "bamba",
                     "nemotron_h", "granitemoehybrid", "lfm2", "qwen3_next", "falcon_h1", "xlstm", "minimax"}
 _ATTENTION_LAYERS = ("full_attention", "sliding_attention", "chunked_attention")
 
 
 def serving_problem(config, draft_kind: str) -> str | None:
-    """Why the hf engine cannot serve this model with this draft kind (from its config alone, so
-    the driver can refuse a job before any actor starts); None when it can."""
+    """Why the hf engine cannot serve this model (from its config alone, so the driver can refuse
+    a job before any actor starts); None when it can. `draft_kind` is kept for rules that depend
+    on it; today every refusal holds for plain decoding too."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     mt = getattr(config, "model_type", "?")
     if mt not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not getattr(config, "auto_map", None):
         return f"model type {mt!r} is not a causal language model transformers can load (AutoModelForCausalLM)"
-    if draft_kind == "none":
-        return None
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     other = sorted({t for t in (getattr(cfg, "layer_types", None) or []) if t not in _ATTENTION_LAYERS})
     if mt in _RECURRENT_TYPES or other:
-        what = f"layers of type {', '.join(other)}" if other else "recurrent layers"
-        return (f"model type {mt!r} has {what}, whose state cannot be rolled back after a rejected draft token; "
-                "set model.draft.kind: none (plain decoding) for it")
+        what = f"layers of type {', '.join(other)}" if other else "recurrent (state-space) layers"
+        # Their state is not an attention cache: left padding leaks into it (batched rows are not
+        # exact) and a rejected draft token cannot be cut from it.
+        return (f"model type {mt!r} has {what}, which the hf engine's batched decoding cannot keep exact; "
+                "serve it with model.backend: vllm")
     return None
 
 

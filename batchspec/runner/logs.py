@@ -57,8 +57,21 @@ class _DropNoise(logging.Filter):
         return not any(n in msg for n in _NOISE)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is when a record is emitted (a test runner swaps it, and a
+    handler bound to a swapped-out stream fails with "I/O operation on closed file")."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
 def _handler(fmt: str) -> logging.Handler:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(_DropNoise())
     return handler
