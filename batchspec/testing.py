@@ -265,3 +265,43 @@ def lossless_cell(target_dir: str | Path, kind: str, prompts: list[str], max_new
         if fit < len(ids):
             return f"exact ({fit}/{len(ids)} rows fit the {engine.window}-token window and speculate, the rest run plain)"
     return "exact"
+
+
+def build_learned_draft(out_dir: str | Path, target_dir: str | Path, kind: str, seed: int = 0,
+                        copy_next: bool = False, heads: int = 4) -> Path:
+    """A random Medusa (kind "medusa") or EAGLE ("eagle") draft for a target, saved in the
+    layout engine.learned reads. copy_next: instead of random weights, a draft that proposes the
+    target's own next token again (heads = the LM head; an EAGLE layer that passes the feature
+    through), which random targets that repeat themselves accept often, so tests reach every
+    acceptance path."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from .engine.learned import EagleModel, MedusaHeads, save_eagle, save_medusa
+
+    out_dir = Path(out_dir)
+    if (out_dir / "config.json").exists():
+        return out_dir
+    target = AutoModelForCausalLM.from_pretrained(str(target_dir))
+    head = target.get_output_embeddings().weight
+    torch.manual_seed(seed)
+    if kind == "medusa":
+        module = MedusaHeads(head.shape[1], head.shape[0], heads)
+        with torch.no_grad():
+            for h in module.heads:
+                h[0].linear.weight.normal_(0, 0.02 if copy_next else 0.5)
+                h[-1].weight.copy_(head if copy_next else torch.randn_like(head) * head.std())
+        save_medusa(module, out_dir, str(target_dir))
+    else:
+        module = EagleModel(target.config.get_text_config())
+        if copy_next:
+            H = head.shape[1]
+            with torch.no_grad():
+                module.fc.weight.zero_()
+                module.fc.weight[:, H:] = torch.eye(H)
+                module.fc.bias.zero_()
+                layer = module.decoder.layers[0]
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+        save_eagle(module, out_dir, str(target_dir))
+    return out_dir

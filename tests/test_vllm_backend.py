@@ -238,8 +238,8 @@ def test_auto_policy_on_vllm_probes_then_decides_each_shard(vllm_backend, tmp_pa
     assert [m["status"] for m in manifests] == ["done", "done"]
     first, second = (m["decisions"] for m in manifests)
     assert "probe" in first[0]["reason"] and "a 16-token look at 8 rows, discarded" in first[0]["reason"]
-    assert first[1]["reason"].startswith("on: acceptance") and first[1]["at_row"] == 0
-    assert second[0]["reason"].startswith("on: acceptance")
+    assert first[1]["reason"].startswith("on: per-token acceptance") and first[1]["at_row"] == 0
+    assert second[0]["reason"].startswith("on: per-token acceptance")
     assert all(m["timings"]["calibrate_s"] == 0 for m in manifests)
     rows = [r for m in manifests for r in sorted(runner.store.read_part(m["shard"]).to_pylist(),
                                                   key=lambda r: r["row_index"])]

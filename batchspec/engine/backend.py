@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 
-HF_DRAFT_KINDS = ("model", "quantized", "layer_skip", "ngram", "none")
+HF_DRAFT_KINDS = ("model", "quantized", "layer_skip", "ngram", "medusa", "eagle", "none")
 # vLLM's own methods. "quantized" (the target's checkpoint as its own draft, quantized to fp8 as vLLM
 # loads it) is served on GPU only: vLLM's CPU build has no online weight quantization. layer_skip
 # has no vLLM method.

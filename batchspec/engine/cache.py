@@ -62,6 +62,21 @@ def forward(
     return out.logits, KVState(state.cache, mask, state.next_pos + input_mask.sum(1))
 
 
+def forward_with_features(
+    model: torch.nn.Module, state: KVState, input_ids: torch.Tensor, input_mask: torch.Tensor,
+) -> tuple[torch.Tensor, KVState, torch.Tensor]:
+    """forward() for every position, plus the features the LM head read ([B, T, H]: the target's
+    top-layer hidden states after its final norm), which learned drafts (Medusa, EAGLE) draft from.
+    Captured at the head's input, so it holds for any architecture."""
+    captured: list[torch.Tensor] = []
+    hook = model.get_output_embeddings().register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
+    try:
+        logits, state = forward(model, state, input_ids, input_mask)
+    finally:
+        hook.remove()
+    return logits, state, captured[-1]
+
+
 @functools.lru_cache(maxsize=None)
 def _cache_kwarg_for(cls: type) -> str:
     # transformers 5.x is renaming `past_key_values` to `cache` model by model (GPT-2 first).

@@ -16,13 +16,13 @@ from .models import (LoadedModel, ModelLoadError, attention_window, context_leng
                      load_model, serving_problem)
 from .sampling import RowRandom, SamplingParams
 
-DRAFT_KINDS = ("model", "quantized", "layer_skip", "ngram", "none")
+DRAFT_KINDS = ("model", "quantized", "layer_skip", "ngram", "medusa", "eagle", "none")
 
 
 @dataclass(frozen=True)
 class DraftSpec:
     kind: str = "quantized"  # one of DRAFT_KINDS
-    path: str | None = None  # kind=model: hub id, local dir or s3:// prefix
+    path: str | None = None  # kind=model, medusa, eagle: hub id, local dir or s3:// prefix
     bits: int = 8  # kind=quantized
     layers: int | None = None  # kind=layer_skip; default: a quarter of the target's layers
     max_ngram: int = 3  # kind=ngram: longest suffix looked up
@@ -82,6 +82,13 @@ class Engine:
             module, source = layer_skip_view(loaded.model, n), f"{target} (first {n} of {total} layers)"
         elif draft.kind == "ngram":
             source = f"ngram (max {draft.max_ngram})"
+        elif draft.kind in ("medusa", "eagle"):
+            from .learned import load_eagle, load_medusa
+
+            if not draft.path:
+                raise ModelLoadError(f"draft kind '{draft.kind}' needs draft.path (its checkpoint)")
+            load = load_medusa if draft.kind == "medusa" else load_eagle
+            module, source = load(draft.path, loaded.model, storage_options), draft.path
         return cls(loaded, draft, module, source)
 
     @property
@@ -108,6 +115,12 @@ class Engine:
     def new_proposer(self):
         if self.draft.kind == "ngram":
             return NgramDraft(self.draft.max_ngram)
+        if self.draft.kind in ("medusa", "eagle"):
+            from .learned import EagleDraft, MedusaDraft
+
+            if self.draft.kind == "medusa":
+                return MedusaDraft(self.draft_module, self.vocab_size)
+            return EagleDraft(self.draft_module, self.vocab_size, self.tokenizer.pad_token_id)
         if self.draft_module is None:
             return None
         return ModelDraft(self.draft_module, self.draft.kind, self.vocab_size, self.tokenizer.pad_token_id)
@@ -207,7 +220,7 @@ def measure_costs(engine: Engine, batch_size: int, ks: tuple[int, ...] = (1, 2, 
 
     gen = torch.Generator().manual_seed(0)
     high = engine.vocab_size  # ids every model here can embed: a sibling draft's table may be smaller
-    if engine.draft_module is not None:
+    if engine.draft.kind == "model":
         high = min(high, engine.draft_module.get_input_embeddings().weight.shape[0])
     low = 8 if high > 64 else 0  # skip the special tokens at the start of small vocabularies
     ids = torch.randint(low, high, (batch_size, prompt_tokens), generator=gen).to(engine.device)
@@ -248,7 +261,24 @@ def measure_costs(engine: Engine, batch_size: int, ks: tuple[int, ...] = (1, 2, 
         "draft_step_s": 0.0,
         "draft_prefill_token_s": 0.0,
     }
-    if engine.draft_module is not None:
+    if engine.draft.kind in ("medusa", "eagle"):
+        # Learned drafts read the target's features: time the proposer itself, 4 tokens a call.
+        proposer = engine.new_proposer()
+        _, _, feats = kv.forward_with_features(target, kv.empty_state(batch_size, engine.device), ids, ones)
+        rows, first = ids.tolist(), [0] * batch_size
+        out["draft_prefill_token_s"] = timed(lambda: proposer.prefill(rows, first, engine.device, features=feats)) \
+            / prompt_tokens
+        lengths = torch.full((batch_size,), 4, device=engine.device)
+
+        def propose():
+            proposer.prefill(rows, first, engine.device, features=feats)
+            t = time.perf_counter()
+            proposer.propose(4, lengths, SamplingParams(), None)
+            return time.perf_counter() - t
+
+        propose()
+        out["draft_step_s"] = min(propose() for _ in range(repeats)) / 4
+    elif engine.draft_module is not None:
         out["draft_step_s"] = step_cost(engine.draft_module, 1)
         out["draft_prefill_token_s"] = timed(lambda: prefill(engine.draft_module)) / prompt_tokens
     elif engine.draft.kind == "ngram":

@@ -160,7 +160,13 @@ def generate(
     # 1. Prefill every prompt (left-padded) and decide each row's first token.
     ids, mask = kv.left_pad(prompts, config.pad_token_id, device)
     state = kv.empty_state(B, device)
-    logits, state = kv.forward(model, state, ids, mask, last_only=True)  # [B, 1, V]
+    # Learned drafts (Medusa, EAGLE) draft from the target's features: every pass then returns them.
+    features = proposer is not None and getattr(proposer, "needs_features", False)
+    if features:
+        logits, state, feats = kv.forward_with_features(model, state, ids, mask)
+        logits = logits[:, -1:]
+    else:
+        logits, state = kv.forward(model, state, ids, mask, last_only=True)  # [B, 1, V]
     if params.greedy:
         first = logits[:, -1].argmax(-1)
     else:
@@ -177,7 +183,10 @@ def generate(
         o.stats.ttft_s = now
     t_draft = time.perf_counter()
     if proposer is not None:
-        proposer.prefill(prompts, first_list, device)
+        if features:
+            proposer.prefill(prompts, first_list, device, features=feats)
+        else:
+            proposer.prefill(prompts, first_list, device)
         synchronize()
     draft_prefill_s = time.perf_counter() - t_draft
     rounds: list[RoundTiming] = []
@@ -224,7 +233,10 @@ def generate(
         t1 = time.perf_counter()
 
         # 4. One target pass over pending + draft; verify.
-        logits, state = kv.forward(model, state, step_ids, torch.ones_like(step_ids))  # [B, k+1, V]
+        if features:
+            logits, state, feats = kv.forward_with_features(model, state, step_ids, torch.ones_like(step_ids))
+        else:
+            logits, state = kv.forward(model, state, step_ids, torch.ones_like(step_ids))  # [B, k+1, V]
         if k == 0:
             n = torch.zeros(len(active), dtype=torch.long, device=device)
             if params.greedy:
@@ -265,7 +277,9 @@ def generate(
                 round_proposed += len_list[i]
                 round_accepted += accepted
                 round_rejections += int(n_list[i] < len_list[i])
-        if proposer is not None:
+        if features:
+            proposer.accept(n_list, emitted, proposed=proposed, features=feats)  # feats [B, k+1, H]
+        elif proposer is not None:
             proposer.accept(n_list, emitted, proposed=proposed)
         pending = next_token
         timing = RoundTiming(len(active), k, t1 - t0, t2 - t1, round_proposed, round_accepted, round_rejections)

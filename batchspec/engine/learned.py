@@ -1,0 +1,328 @@
+"""Learned drafts that read the target's own features: Medusa heads and an EAGLE feature draft.
+
+    medusa  K heads on the target's top-layer feature h_t (the LM head's input). Head i is a
+            residual SiLU block and its own vocabulary projection, and predicts token t+1+i (Cai et
+            al. 2024, "Medusa"). All k proposals come from one feature at once: no draft forward
+            pass at all, so a draft token costs a small fraction of a target step.
+    eagle   one decoder layer over fc([embed(x_{t+1}); f_t]) that predicts the target's next
+            feature f_{t+1}; the target's own LM head turns it into a token, and the predicted
+            feature feeds the next step (Li et al. 2024, "EAGLE"). Drafting runs in feature space,
+            k small steps per round.
+
+Both read features from passes the target makes anyway (prefill and verification, captured at
+the LM head's input by cache.forward_with_features): no extra target pass.
+
+Checkpoint layouts (what `draft.path` points at; a local dir, an s3:// prefix or a hub id):
+
+    medusa  config.json {"medusa_num_heads", "medusa_num_layers", "hidden_size", "vocab_size"}
+            + medusa_lm_head.safetensors (or .pt), keys "{head}.{block}.linear.weight|bias" for
+            the residual blocks and "{head}.{num_layers}.weight" for the projection: the layout
+            of the Medusa reference implementation's medusa_head ModuleList.
+    eagle   config.json (a Llama config of the draft layer, "batchspec_draft": "eagle")
+            + model.safetensors with fc.weight|bias and decoder.* (one LlamaDecoderLayer and a
+            final norm). This is batchspec's own layout; the EAGLE reference's published
+            checkpoints are not read yet (docs/engine.md).
+
+Verification is the engine's usual chain (greedy or rejection sampling), so output is exact
+whatever the heads propose.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from . import cache as kv
+from .drafts import Proposal
+from .models import ModelLoadError, resolve_model_path
+from .sampling import DRAFT, SamplingParams, logits_to_probs, sample_from
+
+
+class ResBlock(nn.Module):
+    """x + SiLU(W x + b), initialised to the identity (W = 0), as in the Medusa paper."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+        nn.init.zeros_(self.linear.weight)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, hidden: int, vocab: int, num_heads: int, num_layers: int = 1):
+        super().__init__()
+        self.num_heads, self.num_layers = num_heads, num_layers
+        self.heads = nn.ModuleList(
+            nn.Sequential(*[ResBlock(hidden) for _ in range(num_layers)], nn.Linear(hidden, vocab, bias=False))
+            for _ in range(num_heads))
+
+    def forward(self, h: torch.Tensor, k: int | None = None) -> torch.Tensor:
+        """h [B, H] -> logits [B, k, V] for tokens t+2 .. t+1+k."""
+        return torch.stack([head(h) for head in self.heads[: k or self.num_heads]], 1)
+
+    def init_from_lm_head(self, lm_head: nn.Linear) -> None:
+        """Start every head's projection at the target's LM head (Medusa-1 does the same)."""
+        with torch.no_grad():
+            for head in self.heads:
+                head[-1].weight.copy_(lm_head.weight[: head[-1].weight.shape[0]])
+
+
+class EagleModel(nn.Module):
+    """fc over [token embedding; feature], one Llama decoder layer, a final norm. Token embedding
+    and LM head are the target's (set by attach(); never saved with the draft)."""
+
+    def __init__(self, config):
+        super().__init__()
+        from transformers import LlamaConfig, LlamaModel
+
+        cfg = LlamaConfig(**{**config.to_dict(), "num_hidden_layers": 1, "vocab_size": 1, "pad_token_id": None})
+        self.config = cfg
+        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=True)
+        self.decoder = LlamaModel(cfg)
+        self.embed: nn.Module | None = None
+        self.lm_head: nn.Module | None = None
+        self.features: torch.Tensor | None = None  # [B, T, H] fed with the next forward's input_ids
+        self.last_hidden: torch.Tensor | None = None
+
+    def attach(self, target: nn.Module) -> "EagleModel":
+        # Plain attributes, not submodules: the target's weights stay out of this module's state.
+        object.__setattr__(self, "embed", target.get_input_embeddings())
+        object.__setattr__(self, "lm_head", target.get_output_embeddings())
+        return self
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True,
+                logits_to_keep=0, **_):
+        x = self.fc(torch.cat([self.embed(input_ids), self.features.to(self.fc.weight.dtype)], -1))
+        out = self.decoder(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids,
+                           past_key_values=past_key_values, use_cache=use_cache)
+        hidden = out.last_hidden_state
+        self.last_hidden = hidden
+        keep = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+        return _Out(self.lm_head(keep))
+
+
+class _Out:
+    def __init__(self, logits):
+        self.logits = logits
+
+
+class MedusaDraft:
+    """Proposer over MedusaHeads: k tokens from the feature of the row's last verified token."""
+
+    kind = "medusa"
+    needs_features = True
+
+    def __init__(self, heads: MedusaHeads, vocab_size: int):
+        self.heads, self.vocab_size = heads, vocab_size
+        self.h: torch.Tensor | None = None  # [B, H] feature whose LM-head token is the pending one
+
+    def prefill(self, prompts, first_tokens, device, features: torch.Tensor) -> None:
+        self.h = features[:, -1]  # left padding: the last column is every row's last prompt token
+
+    @torch.inference_mode()
+    def propose(self, k: int, lengths: torch.Tensor, params: SamplingParams, uniforms) -> Proposal:
+        k = min(k, self.heads.num_heads)
+        logits = _fit_vocab(self.heads(self.h.to(self.heads.heads[0][-1].weight.dtype), k), self.vocab_size)
+        if params.greedy:
+            return Proposal(logits.argmax(-1), lengths.clamp(max=k), None)
+        probs = logits_to_probs(logits.float(), params)  # [B, k, V]
+        tokens = torch.stack([sample_from(probs[:, j], uniforms[:, j, DRAFT]) for j in range(k)], 1)
+        return Proposal(tokens, lengths.clamp(max=k), probs)
+
+    def accept(self, n_accepted: list[int], emitted, proposed: bool, features: torch.Tensor) -> None:
+        # features [B, k+1, H] of the columns fed this round; column n produced the row's next token.
+        n = torch.tensor(n_accepted, device=features.device).clamp(max=features.shape[1] - 1)
+        self.h = features[torch.arange(features.shape[0], device=features.device), n]
+
+    def select(self, keep_idx: torch.Tensor) -> None:
+        self.h = self.h[keep_idx.to(self.h.device)]
+
+
+class EagleDraft:
+    """Proposer over EagleModel. Its cache holds one entry per (target feature f_t, token x_{t+1})
+    pair whose feature the target really computed; each round feeds the pairs verification just
+    produced, then drafts on its own predicted features, and forgets those speculative entries
+    afterwards (they were built on predictions, not on the target's features)."""
+
+    kind = "eagle"
+    needs_features = True
+
+    def __init__(self, model: EagleModel, vocab_size: int, pad_id: int):
+        self.model, self.vocab_size, self.pad_id = model, vocab_size, pad_id
+        self.state: kv.KVState | None = None
+        self.unfed_feats: list[torch.Tensor] = []  # per row [n, H]
+        self.unfed_toks: list[list[int]] = []
+        self._W = self._k = 0
+
+    @torch.inference_mode()
+    def prefill(self, prompts, first_tokens, device, features: torch.Tensor) -> None:
+        ids, mask = kv.left_pad(prompts, self.pad_id, device)
+        first = torch.tensor(first_tokens, device=device)[:, None]
+        following = torch.cat([ids[:, 1:], first], 1)  # the token after each position
+        self.state = kv.empty_state(len(prompts), device)
+        # Every pair but the last now; the last (f_{P-1}, first token) starts the first round.
+        if ids.shape[1] > 1:
+            self.model.features = features[:, :-1]
+            _, self.state = kv.forward(self.model, self.state, following[:, :-1], mask[:, :-1], last_only=True)
+        self.unfed_feats = [features[b, -1:] for b in range(len(prompts))]
+        self.unfed_toks = [[t] for t in first_tokens]
+
+    @torch.inference_mode()
+    def propose(self, k: int, lengths: torch.Tensor, params: SamplingParams, uniforms) -> Proposal:
+        device = self.state.mask.device
+        toks, mask = kv.left_pad(self.unfed_toks, self.pad_id, device)
+        W = toks.shape[1]
+        feats = torch.zeros(len(self.unfed_toks), W, self.unfed_feats[0].shape[-1], dtype=self.unfed_feats[0].dtype,
+                            device=device)
+        for b, f in enumerate(self.unfed_feats):
+            feats[b, W - f.shape[0]:] = f
+        self.model.features = feats
+        logits, self.state = kv.forward(self.model, self.state, toks, mask, last_only=True)
+        tokens, probs = [], []
+        for j in range(k):
+            step = _fit_vocab(logits[:, -1], self.vocab_size)
+            if params.greedy:
+                token = step.argmax(-1)
+            else:
+                p = logits_to_probs(step.float(), params)
+                token = sample_from(p, uniforms[:, j, DRAFT])
+                probs.append(p)
+            tokens.append(token)
+            if j < k - 1:  # the predicted feature and the drafted token make the next pair
+                self.model.features = self.model.last_hidden[:, -1:]
+                ones = torch.ones_like(token)[:, None]
+                logits, self.state = kv.forward(self.model, self.state, token[:, None], ones, last_only=True)
+        self._W, self._k = W, k
+        return Proposal(torch.stack(tokens, 1), lengths, torch.stack(probs, 1) if probs else None)
+
+    def accept(self, n_accepted: list[int], emitted: list[list[int]], proposed: bool, features: torch.Tensor) -> None:
+        """features [B, k+1, H]: the target's features at [pending, d1 .. dk]. Column j is followed
+        by emitted[b][j] (the next accepted draft token, or the target's own token after the last)."""
+        B = len(emitted)
+        if proposed:
+            spec_cols = self._k - 1
+            if spec_cols > 0:  # drop every entry built on predicted features
+                keep = torch.cat([torch.ones(B, self._W, dtype=torch.bool, device=self.state.mask.device),
+                                  torch.zeros(B, spec_cols, dtype=torch.bool, device=self.state.mask.device)], 1)
+                self.state = kv.rollback(self.state, keep)
+            self.unfed_feats = [features[b, : n_accepted[b] + 1] for b in range(B)]
+            self.unfed_toks = [list(emitted[b][: n_accepted[b] + 1]) for b in range(B)]
+        else:  # nothing was fed to the draft this round: the new pair joins the unfed ones
+            self.unfed_feats = [torch.cat([self.unfed_feats[b], features[b, :1]]) for b in range(B)]
+            self.unfed_toks = [self.unfed_toks[b] + [emitted[b][0]] for b in range(B)]
+
+    def select(self, keep_idx: torch.Tensor) -> None:
+        self.state = kv.select_rows(self.state, keep_idx.to(self.state.mask.device))
+        idx = keep_idx.tolist()
+        self.unfed_feats = [self.unfed_feats[i] for i in idx]
+        self.unfed_toks = [self.unfed_toks[i] for i in idx]
+
+
+def _fit_vocab(logits: torch.Tensor, V: int) -> torch.Tensor:
+    if logits.shape[-1] > V:
+        return logits[..., :V]
+    if logits.shape[-1] < V:
+        pad = logits.new_full((*logits.shape[:-1], V - logits.shape[-1]), float("-inf"))
+        return torch.cat([logits, pad], -1)
+    return logits
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def _local_dir(source: str, storage_options: dict | None) -> Path:
+    """A local directory for a local path, an s3:// prefix (cached copy) or a hub id (snapshot)."""
+    path = Path(resolve_model_path(source, storage_options)).expanduser()
+    if path.is_dir():
+        return path
+    if source.startswith((".", "/", "~")):
+        raise ModelLoadError(f"draft directory {source} does not exist")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(source))
+    except Exception as e:
+        raise ModelLoadError(f"could not fetch draft {source!r}: {type(e).__name__}: {e}") from e
+
+
+def _state_dict(folder: Path, stems: tuple[str, ...]) -> dict:
+    for stem in stems:
+        if (folder / f"{stem}.safetensors").exists():
+            from safetensors.torch import load_file
+
+            return load_file(str(folder / f"{stem}.safetensors"))
+        if (folder / f"{stem}.pt").exists() or (folder / f"{stem}.bin").exists():
+            f = folder / f"{stem}.pt" if (folder / f"{stem}.pt").exists() else folder / f"{stem}.bin"
+            return torch.load(str(f), map_location="cpu", weights_only=True)
+    raise ModelLoadError(f"no weights in {folder} (looked for {', '.join(s + '.safetensors|.pt|.bin' for s in stems)})")
+
+
+def load_medusa(source: str, target: nn.Module, storage_options: dict | None = None) -> MedusaHeads:
+    folder = _local_dir(source, storage_options)
+    cfg = json.loads((folder / "config.json").read_text())
+    if "medusa_num_heads" not in cfg:
+        raise ModelLoadError(f"{source}: config.json has no medusa_num_heads; not a Medusa checkpoint")
+    head = target.get_output_embeddings().weight
+    hidden, vocab = cfg.get("hidden_size", head.shape[1]), cfg.get("vocab_size", head.shape[0])
+    if hidden != head.shape[1]:
+        raise ModelLoadError(f"{source}: Medusa heads of width {hidden}, but the target's features have {head.shape[1]}")
+    heads = MedusaHeads(hidden, vocab, cfg["medusa_num_heads"], cfg.get("medusa_num_layers", 1))
+    weights = _state_dict(folder, ("medusa_lm_head", "model"))
+    weights = {k.removeprefix("medusa_head.").removeprefix("heads."): v for k, v in weights.items()}
+    try:
+        heads.heads.load_state_dict(weights)
+    except RuntimeError as e:
+        raise ModelLoadError(f"{source}: Medusa weights do not match its config: {str(e).splitlines()[0]}") from e
+    return heads.to(device=head.device, dtype=head.dtype).eval()
+
+
+def save_medusa(heads: MedusaHeads, out: Path, base: str) -> None:
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    first = heads.heads[0][-1].weight
+    (out / "config.json").write_text(json.dumps({
+        "medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.num_layers, "hidden_size": first.shape[1],
+        "vocab_size": first.shape[0], "base_model_name_or_path": base, "batchspec_draft": "medusa"}, indent=2))
+    save_file({k: v.contiguous() for k, v in heads.heads.state_dict().items()}, str(out / "medusa_lm_head.safetensors"))
+
+
+def load_eagle(source: str, target: nn.Module, storage_options: dict | None = None) -> EagleModel:
+    from transformers import LlamaConfig
+
+    folder = _local_dir(source, storage_options)
+    config = LlamaConfig.from_pretrained(folder)
+    head = target.get_output_embeddings().weight
+    if config.hidden_size != head.shape[1]:
+        raise ModelLoadError(f"{source}: EAGLE layer of width {config.hidden_size}, but the target's features have "
+                             f"{head.shape[1]}")
+    model = EagleModel(config)
+    weights = _state_dict(folder, ("model",))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing = [m for m in missing if not m.startswith("decoder.embed_tokens")]
+    if missing or unexpected:
+        raise ModelLoadError(f"{source}: not a batchspec EAGLE checkpoint (missing {missing[:3]}, unexpected "
+                             f"{unexpected[:3]})")
+    return model.to(device=head.device, dtype=head.dtype).eval().attach(target)
+
+
+def save_eagle(model: EagleModel, out: Path, base: str) -> None:
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.update({"batchspec_draft": "eagle", "base_model_name_or_path": base})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if not k.startswith("decoder.embed_tokens")}
+    save_file(state, str(out / "model.safetensors"))

@@ -1,0 +1,119 @@
+"""Medusa heads and the EAGLE feature draft on the hf engine: exact greedy output, faithful
+sampling, checkpoints loaded through the normal path (directory, s3://)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from batchspec.engine import DraftSpec, Engine, SamplingParams
+
+KINDS = ("medusa", "eagle")
+
+
+@pytest.fixture(scope="module")
+def repeater(models_dir, tmp_path_factory):
+    """A target that repeats its last token: no layer writes to the residual stream and the head
+    is the embedding, so its logits favour the current token. The copying drafts below are then
+    accepted at every position, which takes the engine through full acceptance (n = k, the bonus
+    token) for both kinds; the random target and drafts take it through rejections."""
+    from transformers import AutoModelForCausalLM
+
+    from batchspec.testing import build_model
+
+    path = build_model(tmp_path_factory.mktemp("rep") / "repeater", "llama", models_dir / "tokenizer",
+                       passthrough_from=0)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        model.lm_head.weight.copy_(model.model.embed_tokens.weight * 10)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def drafts(models_dir, repeater, tmp_path_factory):
+    from batchspec.testing import build_learned_draft
+
+    root = tmp_path_factory.mktemp("learned")
+    targets = {False: models_dir / "llama-target", True: repeater}
+    return {(kind, copy): (targets[copy], build_learned_draft(root / f"{kind}-{copy}", targets[copy], kind,
+                                                               copy_next=copy))
+            for kind in KINDS for copy in (False, True)}
+
+
+def _engine(pair, kind):
+    target, draft = pair
+    return Engine.load(str(target), DraftSpec(kind=kind, path=str(draft)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("copy_next", [False, True])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_greedy_equals_plain(models_dir, prompts, drafts, kind, copy_next, batch):
+    engine = _engine(drafts[(kind, copy_next)], kind)
+    rows = engine.tokenize(prompts[:batch])
+    plain, _ = engine.generate(rows, max_new_tokens=24, speculate=False)
+    for k in (1, 3, 5):
+        spec, _ = engine.generate(rows, max_new_tokens=24, speculate=True, draft_length=k)
+        assert [o.token_ids for o in spec] == [o.token_ids for o in plain], (kind, k)
+        assert sum(o.stats.draft_tokens for o in spec) > 0
+    accepted = sum(o.stats.accepted_tokens for o in spec)
+    if copy_next:  # every proposal of the copying draft is right on the repeating target
+        assert accepted == sum(o.stats.draft_tokens for o in spec)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sampling_is_faithful_to_the_target(drafts, kind):
+    """The second sampled token (the first one the draft proposes and rejection sampling decides)
+    follows the target's own distribution: over 4000 seeded rows of one prompt, among the rows
+    whose first token is the most common one, the top-5 frequencies of the second token are
+    within 5 standard errors of the target's probabilities given that prefix."""
+    engine = _engine(drafts[(kind, False)], kind)
+    params = SamplingParams(temperature=1.0)
+    ids = engine.tokenize(["The tenant shall"])
+    N = 4000
+    # 3 new tokens: after the first (prefill), one round may draft 1 token (the budget keeps one for
+    # the target's own), and rejection sampling decides the second.
+    out, _ = engine.generate(ids * N, 3, params, seeds=list(range(N)), speculate=True, draft_length=2)
+    assert sum(o.stats.draft_tokens for o in out) >= N // 2
+    first = torch.tensor([o.token_ids[0] for o in out])
+    m = int(first.mode().values)
+    second = torch.tensor([o.token_ids[1] for o in out if o.token_ids[0] == m])
+    with torch.no_grad():
+        probs = engine.target.model(torch.tensor([ids[0] + [m]])).logits[0, -1].softmax(-1)
+    n = len(second)
+    freq = torch.bincount(second, minlength=probs.shape[0]).float() / n
+    top = probs.argsort(descending=True)[:5]
+    tol = 5 * (probs[top] * (1 - probs[top]) / n).sqrt() + 1e-3
+    assert n > 500 and ((freq[top] - probs[top]).abs() <= tol).all(), (n, freq[top], probs[top])
+
+
+def test_costs_are_measured_for_learned_drafts(models_dir, drafts):
+    from batchspec.engine.engine import measure_costs
+
+    for kind in KINDS:
+        costs = measure_costs(_engine(drafts[(kind, False)], kind), 2, ks=(1, 2), repeats=1)
+        assert costs["draft_step_s"] > 0 and costs["verify_s"][2] > 0
+
+
+def test_checkpoints_load_from_s3(models_dir, drafts, s3, monkeypatch, tmp_path):
+    opts, fs, bucket = s3
+    monkeypatch.setenv("BATCHSPEC_CACHE", str(tmp_path / "cache"))
+    for kind in KINDS:
+        target, draft = drafts[(kind, True)]
+        fs.put(str(draft), f"{bucket}/{kind}", recursive=True)
+        engine = Engine.load(str(target), DraftSpec(kind=kind, path=f"{bucket}/{kind}"),
+                             storage_options=opts)
+        rows = engine.tokenize(["the lease shall"])
+        plain, _ = engine.generate(rows, max_new_tokens=12, speculate=False)
+        spec, _ = engine.generate(rows, max_new_tokens=12, speculate=True, draft_length=3)
+        assert spec[0].token_ids == plain[0].token_ids
+
+
+def test_wrong_checkpoint_is_a_clear_error(models_dir, tmp_path):
+    from batchspec.engine import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="not a Medusa checkpoint"):
+        Engine.load(str(models_dir / "llama-target"), DraftSpec(kind="medusa", path=str(models_dir / "llama-other")))
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        Engine.load(str(models_dir / "llama-target"), DraftSpec(kind="eagle", path=str(tmp_path / "none")))
