@@ -117,3 +117,54 @@ def test_wrong_checkpoint_is_a_clear_error(models_dir, tmp_path):
         Engine.load(str(models_dir / "llama-target"), DraftSpec(kind="medusa", path=str(models_dir / "llama-other")))
     with pytest.raises(ModelLoadError, match="does not exist"):
         Engine.load(str(models_dir / "llama-target"), DraftSpec(kind="eagle", path=str(tmp_path / "none")))
+
+
+def test_reference_layouts_load(repeater, drafts, tmp_path):
+    """Checkpoints in the layouts of the Medusa and EAGLE reference implementations: Medusa's
+    medusa_lm_head.pt with a config that names only the head count (and a file holding more heads
+    than that, as FasterDecoding/medusa-vicuna-7b-v1.3 does); EAGLE's pytorch_model.bin with
+    fc.*, layers.0.* (no input norm), no final norm and its own embed_tokens (ignored)."""
+    import json
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from batchspec.engine.learned import EagleModel
+
+    medusa = tmp_path / "medusa-ref"
+    medusa.mkdir()
+    heads = load_file(str(drafts[("medusa", True)][1] / "medusa_lm_head.safetensors"))  # 4 heads
+    torch.save(heads, medusa / "medusa_lm_head.pt")
+    (medusa / "config.json").write_text(json.dumps({"base_model_name_or_path": str(repeater), "medusa_num_heads": 2,
+                                                    "medusa_num_layers": 1}))
+
+    target = AutoModelForCausalLM.from_pretrained(repeater)
+    eagle = tmp_path / "eagle-ref"
+    module = EagleModel(target.config, reference_layout=True)
+    H = target.config.hidden_size
+    with torch.no_grad():  # a pass-through layer: the feature goes straight to the LM head
+        module.fc.weight.zero_()
+        module.fc.weight[:, H:] = torch.eye(H)
+        module.fc.bias.zero_()
+        module.decoder.layers[0].self_attn.o_proj.weight.zero_()
+        module.decoder.layers[0].mlp.down_proj.weight.zero_()
+    state = {k.removeprefix("decoder."): v for k, v in module.state_dict().items()
+             if not k.startswith(("decoder.embed_tokens", "decoder.norm", "decoder.rotary"))}
+    state["embed_tokens.weight"] = torch.randn(target.config.vocab_size, H)
+    assert not any("input_layernorm" in k for k in state)
+    eagle.mkdir()
+    torch.save(state, eagle / "pytorch_model.bin")
+    module.config.save_pretrained(eagle)
+
+    for kind, path in (("medusa", medusa), ("eagle", eagle)):
+        engine = Engine.load(str(repeater), DraftSpec(kind=kind, path=str(path)))
+        if kind == "medusa":
+            assert engine.draft_module.num_heads == 2
+        else:
+            assert isinstance(engine.draft_module.decoder.norm, torch.nn.Identity)
+        rows = engine.tokenize(["the lease", "a", "the tenant shall pay"])
+        plain, _ = engine.generate(rows, max_new_tokens=16, speculate=False)
+        spec, _ = engine.generate(rows, max_new_tokens=16, speculate=True, draft_length=3)
+        assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+        drafted = sum(o.stats.draft_tokens for o in spec)
+        assert drafted > 0 and sum(o.stats.accepted_tokens for o in spec) == drafted, kind

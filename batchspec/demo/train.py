@@ -103,7 +103,127 @@ def train(name: str, shape: dict, tok_dir: Path, out: Path, steps: int, lr: floa
             "shape": shape}
 
 
-def evaluate(target_dir: Path, draft_dir: Path, n: int = 40) -> dict:
+def _frozen_target(target_dir: Path):
+    """The trained target, frozen, and a function: ids, mask -> (features [B, T, H], teacher
+    tokens [B, T]: the target's own greedy next token at each position)."""
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+
+    @torch.no_grad()
+    def features(ids, mask):
+        captured = []
+        hook = target.get_output_embeddings().register_forward_pre_hook(lambda _m, a: captured.append(a[0]))
+        try:
+            logits = target(input_ids=ids, attention_mask=mask).logits
+        finally:
+            hook.remove()
+        return captured[-1], logits.argmax(-1)
+
+    return target, features
+
+
+def train_learned(kind: str, target_dir: Path, tok_dir: Path, out: Path, steps: int, lr: float, seed: int,
+                  batch: int = 32, heads: int = 4, log_every: int = 50) -> dict:
+    """Self-distillation of a Medusa or EAGLE draft on the frozen target (docs/demo.md).
+
+    medusa: head i on feature f_t learns the target's greedy token at t+2+i (cross-entropy),
+            on positions whose next token is part of the summary (where generation happens).
+    eagle:  the layer reads (f_t, x_{t+1}) and learns f_{t+1} (smooth L1) and the target's greedy
+            token from it through the target's LM head (cross-entropy, weight 0.1), on every
+            position; the input features get Gaussian noise (std 0.05 of their scale) so the
+            layer tolerates its own predictions when it drafts several steps.
+    """
+    from transformers import AutoTokenizer
+
+    from ..engine.learned import EagleModel, MedusaHeads, save_eagle, save_medusa
+
+    torch.manual_seed(seed)
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    target, features = _frozen_target(target_dir)
+    lm_head = target.get_output_embeddings()
+    H, V = lm_head.weight.shape[1], lm_head.weight.shape[0]
+    if kind == "medusa":
+        module = MedusaHeads(H, V, heads)
+        module.init_from_lm_head(lm_head)
+    else:
+        module = EagleModel(target.config).attach(target)
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    warmup = max(1, steps // 20)
+    t0, losses, accs = time.perf_counter(), [], []
+    for step in range(steps):
+        data = examples("train", batch, offset=(seed * 1_000_003 + 7_777 + step * batch) % 900_000)
+        ids, mask, labels = batch_tensors(tok, data)
+        feats, teacher = features(ids, mask)
+        for g in opt.param_groups:
+            g["lr"] = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+        if kind == "medusa":
+            loss, hits, total = 0.0, 0, 0
+            for i, head in enumerate(module.heads):
+                T = ids.shape[1] - 1 - i  # positions t with a teacher token at t+1+i
+                lab = teacher[:, 1 + i: 1 + i + T]
+                valid = (labels[:, 1: 1 + T] != -100) & (mask[:, 1 + i: 1 + i + T] == 1)
+                li = head(feats[:, :T][valid])  # only the positions that count: a fifth of them
+                loss = loss + torch.nn.functional.cross_entropy(li, lab[valid]) * (0.8 ** i)
+                hits += int((li.argmax(-1) == lab[valid]).sum())
+                total += int(valid.sum())
+        else:
+            noise = torch.randn_like(feats[:, :-1]) * 0.05 * feats.std()
+            module.features = feats[:, :-1] + noise
+            out_mask = mask[:, :-1]
+            pos = (out_mask.cumsum(1) - 1).clamp_min(0)
+            hidden = module.decoder(inputs_embeds=module.fc(torch.cat([module.embed(ids[:, 1:]), module.features], -1)),
+                                    attention_mask=out_mask, position_ids=pos).last_hidden_state
+            valid = mask[:, 1:] == 1
+            reg = torch.nn.functional.smooth_l1_loss(hidden[valid], feats[:, 1:][valid])
+            tok_logits = lm_head(hidden[valid])
+            cls = torch.nn.functional.cross_entropy(tok_logits, teacher[:, 1:][valid])
+            loss = reg + 0.1 * cls
+            hits, total = int((tok_logits.argmax(-1) == teacher[:, 1:][valid]).sum()), int(valid.sum())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(loss.item())
+        accs.append(hits / max(total, 1))
+        if step % log_every == 0 or step == steps - 1:
+            print(f"{kind} step {step}/{steps} loss {sum(losses[-log_every:]) / len(losses[-log_every:]):.4f} "
+                  f"top-1 {sum(accs[-log_every:]) / len(accs[-log_every:]):.3f} {time.perf_counter() - t0:.0f}s", flush=True)
+    minutes = (time.perf_counter() - t0) / 60
+    module.eval()
+    (save_medusa if kind == "medusa" else save_eagle)(module, out, str(target_dir))
+    n_params = sum(p.numel() for p in params)
+    return {"name": out.name, "kind": kind, "params": n_params, "steps": steps, "lr": lr, "batch": batch, "seed": seed,
+            "train_minutes": round(minutes, 1), "final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 4),
+            "final_top1": round(sum(accs[-50:]) / len(accs[-50:]), 3)}
+
+
+LEARNED_CARD = """# {name}
+
+{what}, trained by `python -m batchspec.demo.train --only {kind}` on the frozen demo target
+(`models/legal-target`) by self-distillation: the target's own greedy tokens and features on
+synthetic training contracts are the labels ({description}). {params:,} trained parameters; the
+token embedding and LM head are the target's.
+
+Training: {steps} steps of 32 fresh contracts, AdamW lr {lr}, warmup + cosine, seed {seed}, CPU
+({train_minutes} minutes on 2 cores); final top-1 agreement with the target on training
+positions {final_top1}. Use it with `model.draft: {{kind: {kind}, path: models/{name}}}` and
+`model.backend: hf`. Evaluation: `batchspec_train.json`; figures in docs/demo.md.
+"""
+
+LEARNED_WHAT = {
+    "medusa": ("Four Medusa heads (one residual SiLU block and a vocabulary projection each) for the demo target",
+               "head i learns the target's token i+2 positions ahead"),
+    "eagle": ("An EAGLE feature draft (fc over [token embedding; feature] and one Llama decoder layer) for the demo "
+              "target", "the layer learns the target's next top-layer feature and, through the target's LM head, "
+              "its next token"),
+}
+
+
+def evaluate(target_dir: Path, draft_dir: Path, n: int = 40, learned: dict[str, Path] | None = None) -> dict:
     """Greedy exact match on held-out contracts for each model alone, plus acceptance per draft kind."""
     from ..engine import DraftSpec, Engine
 
@@ -115,8 +235,11 @@ def evaluate(target_dir: Path, draft_dir: Path, n: int = 40) -> dict:
         outs, _ = engine.generate(engine.tokenize(prompts), max_new_tokens=64, speculate=False)
         exact = sum(o.text.strip() == e["summary"] for o, e in zip(outs, ex))
         result[f"{label}_exact_match"] = exact
-    for kind, spec in (("model", DraftSpec("model", path=str(draft_dir))), ("quantized", DraftSpec("quantized")),
-                       ("layer_skip", DraftSpec("layer_skip", layers=1)), ("ngram", DraftSpec("ngram"))):
+    kinds = [("model", DraftSpec("model", path=str(draft_dir))), ("quantized", DraftSpec("quantized")),
+             ("layer_skip", DraftSpec("layer_skip", layers=1)), ("ngram", DraftSpec("ngram"))]
+    kinds += [(kind, DraftSpec(kind, path=str(path))) for kind, path in (learned or {}).items()
+              if (path / "config.json").exists()]
+    for kind, spec in kinds:
         engine = Engine.load(str(target_dir), spec)
         outs, _ = engine.generate(engine.tokenize(prompts), max_new_tokens=64, speculate=True, draft_length=4)
         acc, drafted = sum(o.stats.accepted_tokens for o in outs), sum(o.stats.draft_tokens for o in outs)
@@ -150,8 +273,13 @@ def main() -> None:
     ap.add_argument("--draft-lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
-    ap.add_argument("--only", choices=("both", "target", "draft"), default="both",
-                    help="retrain one model and keep the other (and the tokenizer) already in --out")
+    ap.add_argument("--only", choices=("both", "target", "draft", "medusa", "eagle"), default="both",
+                    help="retrain one model and keep the others (and the tokenizer) already in --out; medusa and "
+                         "eagle train a learned draft on the frozen target")
+    ap.add_argument("--medusa-steps", type=int, default=1500)
+    ap.add_argument("--eagle-steps", type=int, default=1200)
+    ap.add_argument("--medusa-lr", type=float, default=3e-3)
+    ap.add_argument("--eagle-lr", type=float, default=3e-3)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -159,12 +287,23 @@ def main() -> None:
     out = Path(args.out)
     tok_dir = build_tokenizer(out / "tokenizer")
     target_dir, draft_dir = out / "legal-target", out / "legal-draft"
+    learned = {"medusa": out / "legal-medusa", "eagle": out / "legal-eagle"}
     runs = {}
+    if args.only in learned:
+        kind = args.only
+        run = train_learned(kind, target_dir, tok_dir, learned[kind], getattr(args, f"{kind}_steps"),
+                            getattr(args, f"{kind}_lr"), args.seed)
+        ev = evaluate(target_dir, draft_dir, learned=learned)
+        print(json.dumps(ev, indent=2))
+        (learned[kind] / "batchspec_train.json").write_text(json.dumps({**run, "evaluation": ev}, indent=2))
+        what, description = LEARNED_WHAT[kind]
+        (learned[kind] / "README.md").write_text(LEARNED_CARD.format(what=what, description=description, **run))
+        return
     if args.only in ("both", "target"):
         runs["target"] = train("legal-target", TARGET, tok_dir, target_dir, args.target_steps, args.target_lr, args.seed)
     if args.only in ("both", "draft"):
         runs["draft"] = train("legal-draft", DRAFT, tok_dir, draft_dir, args.draft_steps, args.draft_lr, args.seed)
-    ev = evaluate(target_dir, draft_dir)
+    ev = evaluate(target_dir, draft_dir, learned=learned)
     print(json.dumps(ev, indent=2))
     for role, path in (("target", target_dir), ("draft", draft_dir)):
         record = path / "batchspec_train.json"

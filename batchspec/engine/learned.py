@@ -18,10 +18,10 @@ Checkpoint layouts (what `draft.path` points at; a local dir, an s3:// prefix or
             + medusa_lm_head.safetensors (or .pt), keys "{head}.{block}.linear.weight|bias" for
             the residual blocks and "{head}.{num_layers}.weight" for the projection: the layout
             of the Medusa reference implementation's medusa_head ModuleList.
-    eagle   config.json (a Llama config of the draft layer, "batchspec_draft": "eagle")
-            + model.safetensors with fc.weight|bias and decoder.* (one LlamaDecoderLayer and a
-            final norm). This is batchspec's own layout; the EAGLE reference's published
-            checkpoints are not read yet (docs/engine.md).
+    eagle   config.json (a Llama config of the draft layer) + model.safetensors or
+            pytorch_model.bin: batchspec's layout (fc.*, decoder.*: one LlamaDecoderLayer and a
+            final norm), or the EAGLE reference's (fc.*, layers.0.* with no input norm, no final
+            norm; its embed_tokens is the target's and is not read).
 
 Verification is the engine's usual chain (greedy or rejection sampling), so output is exact
 whatever the heads propose.
@@ -77,7 +77,7 @@ class EagleModel(nn.Module):
     """fc over [token embedding; feature], one Llama decoder layer, a final norm. Token embedding
     and LM head are the target's (set by attach(); never saved with the draft)."""
 
-    def __init__(self, config):
+    def __init__(self, config, reference_layout: bool = False):
         super().__init__()
         from transformers import LlamaConfig, LlamaModel
 
@@ -85,6 +85,11 @@ class EagleModel(nn.Module):
         self.config = cfg
         self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=True)
         self.decoder = LlamaModel(cfg)
+        if reference_layout:
+            # The EAGLE reference (cnets1.py): its one layer has no input norm (fc's output goes
+            # straight into attention) and there is no final norm before the LM head.
+            self.decoder.layers[0].input_layernorm = nn.Identity()
+            self.decoder.norm = nn.Identity()
         self.embed: nn.Module | None = None
         self.lm_head: nn.Module | None = None
         self.features: torch.Tensor | None = None  # [B, T, H] fed with the next forward's input_ids
@@ -268,17 +273,27 @@ def _state_dict(folder: Path, stems: tuple[str, ...]) -> dict:
 
 
 def load_medusa(source: str, target: nn.Module, storage_options: dict | None = None) -> MedusaHeads:
+    """Heads in the Medusa reference layout: config.json names medusa_num_heads and
+    medusa_num_layers (published configs carry nothing else: width and vocabulary come from the
+    weights), medusa_lm_head.pt or .safetensors holds "{head}.{block}.linear.*" and
+    "{head}.{num_layers}.weight". A file may hold more heads than its config names
+    (FasterDecoding/medusa-vicuna-7b-v1.3: 5 in the file, 2 in the config): the config decides."""
     folder = _local_dir(source, storage_options)
     cfg = json.loads((folder / "config.json").read_text())
     if "medusa_num_heads" not in cfg:
         raise ModelLoadError(f"{source}: config.json has no medusa_num_heads; not a Medusa checkpoint")
-    head = target.get_output_embeddings().weight
-    hidden, vocab = cfg.get("hidden_size", head.shape[1]), cfg.get("vocab_size", head.shape[0])
-    if hidden != head.shape[1]:
-        raise ModelLoadError(f"{source}: Medusa heads of width {hidden}, but the target's features have {head.shape[1]}")
-    heads = MedusaHeads(hidden, vocab, cfg["medusa_num_heads"], cfg.get("medusa_num_layers", 1))
+    K, L = int(cfg["medusa_num_heads"]), int(cfg.get("medusa_num_layers", 1))
     weights = _state_dict(folder, ("medusa_lm_head", "model"))
     weights = {k.removeprefix("medusa_head.").removeprefix("heads."): v for k, v in weights.items()}
+    weights = {k: v for k, v in weights.items() if k.split(".")[0].isdigit() and int(k.split(".")[0]) < K}
+    proj = weights.get(f"0.{L}.weight")
+    if proj is None:
+        raise ModelLoadError(f"{source}: no projection 0.{L}.weight for medusa_num_layers={L}")
+    vocab, hidden = proj.shape
+    head = target.get_output_embeddings().weight
+    if hidden != head.shape[1]:
+        raise ModelLoadError(f"{source}: Medusa heads of width {hidden}, but the target's features have {head.shape[1]}")
+    heads = MedusaHeads(hidden, vocab, K, L)
     try:
         heads.heads.load_state_dict(weights)
     except RuntimeError as e:
@@ -298,6 +313,9 @@ def save_medusa(heads: MedusaHeads, out: Path, base: str) -> None:
 
 
 def load_eagle(source: str, target: nn.Module, storage_options: dict | None = None) -> EagleModel:
+    """batchspec's layout (fc.*, decoder.*), or the EAGLE reference's (fc.*, layers.0.* without an
+    input norm, no final norm, embed_tokens.* which the target's embedding replaces), read from
+    model.safetensors or pytorch_model.bin."""
     from transformers import LlamaConfig
 
     folder = _local_dir(source, storage_options)
@@ -306,13 +324,16 @@ def load_eagle(source: str, target: nn.Module, storage_options: dict | None = No
     if config.hidden_size != head.shape[1]:
         raise ModelLoadError(f"{source}: EAGLE layer of width {config.hidden_size}, but the target's features have "
                              f"{head.shape[1]}")
-    model = EagleModel(config)
-    weights = _state_dict(folder, ("model",))
+    weights = _state_dict(folder, ("model", "pytorch_model"))
+    reference = any(k.startswith("layers.") for k in weights)
+    if reference:
+        weights = {("decoder." + k if k.startswith("layers.") else k): v for k, v in weights.items()
+                   if not k.startswith("embed_tokens.")}
+    model = EagleModel(config, reference_layout=reference)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [m for m in missing if not m.startswith("decoder.embed_tokens")]
     if missing or unexpected:
-        raise ModelLoadError(f"{source}: not a batchspec EAGLE checkpoint (missing {missing[:3]}, unexpected "
-                             f"{unexpected[:3]})")
+        raise ModelLoadError(f"{source}: not an EAGLE checkpoint (missing {missing[:3]}, unexpected {unexpected[:3]})")
     return model.to(device=head.device, dtype=head.dtype).eval().attach(target)
 
 
