@@ -33,13 +33,16 @@ def test_choose_backend_says_why_and_refuses_in_one_line(monkeypatch):
     with pytest.raises(ValueError, match="no 'layer_skip' draft; use model.backend: hf"):
         choose_backend("vllm", "layer_skip")
     with pytest.raises(ValueError, match="runs on the vllm backend only"):
-        choose_backend("hf", "eagle")
+        choose_backend("hf", "eagle3")
+    assert choose_backend("auto", "eagle")[0] == "hf"  # batchspec's own layout; vLLM on request
+    assert choose_backend("vllm", "medusa")[0] == "vllm"
     monkeypatch.setattr(backend, "vllm_installed", lambda: False)
     assert choose_backend("auto", "model") == ("hf", "auto: vLLM is not installed")
     with pytest.raises(ValueError, match="not installed"):
         choose_backend("vllm", "model")
     with pytest.raises(ValueError, match="needs the vllm backend"):
-        choose_backend("auto", "medusa")
+        choose_backend("auto", "eagle3")
+    assert choose_backend("auto", "medusa") == ("hf", "auto: vLLM is not installed")
 
 
 def test_quantized_draft_is_served_by_vllm_on_gpu_only(monkeypatch):
@@ -76,7 +79,7 @@ def test_every_vllm_draft_kind_maps_to_a_vllm_method():
 def test_validate_refuses_a_draft_the_backend_cannot_serve():
     from batchspec.runner.validate import validate_job
 
-    spec = load_spec(DEMO_JOB, ["model.backend=hf", "model.draft.kind=eagle"])
+    spec = load_spec(DEMO_JOB, ["model.backend=hf", "model.draft.kind=eagle3"])
     v = validate_job(spec, check_model=False)
     assert any("runs on the vllm backend only" in p for p in v.problems)
 

@@ -210,8 +210,8 @@ token embedding and LM head are the target's.
 
 Training: {steps} steps of 32 fresh contracts, AdamW lr {lr}, warmup + cosine, seed {seed}, CPU
 ({train_minutes} minutes on 2 cores); final top-1 agreement with the target on training
-positions {final_top1}. Use it with `model.draft: {{kind: {kind}, path: models/{name}}}` and
-`model.backend: hf`. Evaluation: `batchspec_train.json`; figures in docs/demo.md.
+positions {final_top1}. Use it with `model.draft: {{kind: {kind}, path: models/{name}}}` (served
+by batchspec's hf engine). Evaluation: `batchspec_train.json`; figures in docs/demo.md.
 """
 
 LEARNED_WHAT = {

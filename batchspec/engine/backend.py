@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 
 HF_DRAFT_KINDS = ("model", "quantized", "layer_skip", "ngram", "medusa", "eagle", "none")
+LEARNED_HF_KINDS = ("medusa", "eagle")
 # vLLM's own methods. "quantized" (the target's checkpoint as its own draft, quantized to fp8 as vLLM
 # loads it) is served on GPU only: vLLM's CPU build has no online weight quantization. layer_skip
 # has no vLLM method.
@@ -63,6 +64,11 @@ def choose_backend(requested: str, draft_kind: str, gpu: bool = False) -> tuple[
         return "hf", "auto: vLLM is not installed"
     if draft_kind not in vllm_kinds:
         return "hf", f"auto: vLLM has no '{draft_kind}' draft{'' if gpu else ' on CPU'}, so batchspec's own engine serves it"
+    if draft_kind in LEARNED_HF_KINDS:
+        # batchspec trains these in its own layout, which vLLM does not read; passing published
+        # checkpoints through to vLLM is untested (docs/engine.md), so vLLM only on request.
+        return "hf", (f"auto: batchspec's engine reads '{draft_kind}' checkpoints (its own and the reference layouts); "
+                      "set model.backend: vllm to hand a published one to vLLM")
     return "vllm", "auto: vLLM is installed and serves this draft kind"
 
 
