@@ -168,3 +168,21 @@ def test_reference_layouts_load(repeater, drafts, tmp_path):
         assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
         drafted = sum(o.stats.draft_tokens for o in spec)
         assert drafted > 0 and sum(o.stats.accepted_tokens for o in spec) == drafted, kind
+
+
+@pytest.mark.parametrize("kind,min_acceptance", [("medusa", 0.3), ("eagle", 0.8)])
+def test_committed_demo_drafts_are_exact_and_accepted(kind, min_acceptance):
+    """The trained demo drafts under models/ (docs/demo.md) load through the normal path and keep
+    the demo target's output exact on held-out contracts."""
+    from pathlib import Path
+
+    from batchspec.demo.corpus import examples
+
+    models = Path(__file__).resolve().parents[1] / "models"
+    engine = Engine.load(str(models / "legal-target"), DraftSpec(kind=kind, path=str(models / f"legal-{kind}")))
+    rows = engine.tokenize([e["prompt"] for e in examples("eval", 6)])
+    plain, _ = engine.generate(rows, max_new_tokens=48, speculate=False)
+    spec, _ = engine.generate(rows, max_new_tokens=48, speculate=True, draft_length=4)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    accepted, drafted = sum(o.stats.accepted_tokens for o in spec), sum(o.stats.draft_tokens for o in spec)
+    assert accepted / drafted >= min_acceptance
