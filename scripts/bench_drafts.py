@@ -32,6 +32,9 @@ def kinds() -> dict:
     for kind in ("medusa", "eagle"):
         if (MODELS / f"legal-{kind}" / "config.json").exists():
             out[kind] = DraftSpec(kind, path=str(MODELS / f"legal-{kind}"))
+    if "medusa" in out:  # tree verification: each head's top 2 / top 3 in one pass
+        for width in (2, 3):
+            out[f"medusa_tree{width}"] = DraftSpec("medusa", path=str(MODELS / "legal-medusa"), tree_width=width)
     return out
 
 

@@ -81,6 +81,6 @@ def load_backend(name: str, spec_model, k_default: int = 4):
     from .engine import DraftSpec, Engine
 
     d = spec_model.draft
-    return Engine.load(spec_model.target, DraftSpec(d.kind, d.path, d.bits, d.layers, d.max_ngram),
+    return Engine.load(spec_model.target, DraftSpec(d.kind, d.path, d.bits, d.layers, d.max_ngram, d.tree_width),
                        device=spec_model.device, dtype=spec_model.dtype,
                        trust_remote_code=spec_model.trust_remote_code, storage_options=spec_model.storage_options)

@@ -77,6 +77,30 @@ def forward_with_features(
     return logits, state, captured[-1]
 
 
+def forward_tree(
+    model: torch.nn.Module, state: KVState, input_ids: torch.Tensor, positions: torch.Tensor, tree: torch.Tensor,
+) -> tuple[torch.Tensor, KVState, torch.Tensor]:
+    """Append T tree nodes to every row in one pass: node i sees the row's cache and the nodes j
+    with tree[i, j] (its ancestors and itself); positions [B, T] are explicit (a node's depth).
+    Returns logits [B, T, V], the state with all T columns real (roll the rejected ones back),
+    and the features the LM head read."""
+    B, T = input_ids.shape
+    S = state.mask.shape[1]
+    visible = torch.cat([state.mask.bool()[:, None, None, :].expand(B, 1, T, S),
+                         tree.bool()[None, None].expand(B, 1, T, T)], dim=-1)
+    dtype = next(model.parameters()).dtype
+    mask4d = torch.zeros(B, 1, T, S + T, dtype=dtype, device=input_ids.device).masked_fill(~visible, torch.finfo(dtype).min)
+    captured: list[torch.Tensor] = []
+    hook = model.get_output_embeddings().register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
+    try:
+        out = model(input_ids=input_ids, attention_mask=mask4d, position_ids=positions, use_cache=True,
+                    **{_cache_kwarg(model): state.cache})
+    finally:
+        hook.remove()
+    mask = torch.cat([state.mask, torch.ones_like(input_ids)], dim=1)
+    return out.logits, KVState(state.cache, mask, state.next_pos + T), captured[-1]
+
+
 @functools.lru_cache(maxsize=None)
 def _cache_kwarg_for(cls: type) -> str:
     # transformers 5.x is renaming `past_key_values` to `cache` model by model (GPT-2 first).

@@ -31,6 +31,9 @@ class Proposal:
     tokens: torch.Tensor  # [B, k] proposed tokens; entries past a row's length are filler
     lengths: torch.Tensor  # [B] how many tokens each row really proposes (<= k)
     draft_probs: torch.Tensor | None  # [B, k, V] draft distribution (sampling), None = point mass / greedy
+    # [B, k, w-1] other candidates at each depth, children of the previous tokens (greedy tree
+    # verification, generate._verify_tree); None: a chain
+    siblings: torch.Tensor | None = None
 
 
 class ModelDraft:

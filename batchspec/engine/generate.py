@@ -221,6 +221,7 @@ def generate(
             uniforms = gather_uniforms([randoms[r] for r in active], emitted_so_far, k + 1, device)  # [B, k+1, 3]
         t0 = time.perf_counter()
         proposed = k > 0
+        siblings = None
         if proposed:
             proposal = proposer.propose(k, lengths, params, uniforms)
             lengths = proposal.lengths
@@ -228,16 +229,23 @@ def generate(
             k = int(lengths.max())
             draft_tokens = proposal.tokens[:, :k]  # [B, k]
             draft_probs = proposal.draft_probs[:, :k] if proposal.draft_probs is not None else None
+            if proposal.siblings is not None and k > 0 and params.greedy and window is None:
+                siblings = proposal.siblings[:, :k]
         step_ids = torch.cat([pending[:, None], draft_tokens], dim=1) if k > 0 else pending[:, None]  # [B, k+1]
         synchronize()
         t1 = time.perf_counter()
 
         # 4. One target pass over pending + draft; verify.
-        if features:
+        if siblings is not None:  # a tree: the chain plus other candidates at each depth
+            n, next_token, draft_tokens, state, feats = _verify_tree(model, state, pending, draft_tokens, siblings,
+                                                                     lengths)
+        elif features:
             logits, state, feats = kv.forward_with_features(model, state, step_ids, torch.ones_like(step_ids))
         else:
             logits, state = kv.forward(model, state, step_ids, torch.ones_like(step_ids))  # [B, k+1, V]
-        if k == 0:
+        if siblings is not None:
+            pass  # verified above
+        elif k == 0:
             n = torch.zeros(len(active), dtype=torch.long, device=device)
             if params.greedy:
                 next_token = logits[:, -1].argmax(-1)
@@ -250,7 +258,7 @@ def generate(
             n, next_token = rejection_verify(target_probs, draft_probs, draft_tokens, lengths, uniforms[:, : k + 1])
 
         # 5. Roll back rejected slots: keep pending and the accepted draft tokens (invariant in cache.py).
-        if k > 0:
+        if k > 0 and siblings is None:
             keep_cols = torch.arange(k + 1, device=device)[None, :] <= n[:, None]  # [B, k+1]
             state = kv.rollback(state, keep_cols)
         synchronize()
@@ -290,6 +298,63 @@ def generate(
     for o in outputs:
         o.stats.completion_tokens = len(o.token_ids)
     return BatchResult(outputs, rounds, prefill_s, draft_prefill_s)
+
+
+def _verify_tree(model, state, pending, spine, siblings, lengths):
+    """Greedy verification of a draft tree in one target pass (Medusa's tree attention).
+
+    The tree is the chain `spine` [B, k] (each head's first choice) plus, at each depth d, w-1
+    other candidates `siblings` [B, k, w-1] that continue the spine's first d-1 tokens. Columns:
+    pending, spine 1..k, then the siblings depth by depth; node positions are their depths, and
+    each node attends to the row's cache, pending, the spine above it and itself. The row accepts
+    the spine while it matches the target's argmax; where the spine fails at depth d, a sibling
+    equal to the target's token there is accepted too (and ends the path: siblings have no
+    children). Rejected nodes become holes in the cache like rejected chain tokens, so the kept
+    path may be non-contiguous in columns; positions are explicit, so nothing shifts.
+
+    Returns (n, next_token, path tokens [B, k], state, path features [B, k+1, H]) in the chain's
+    terms, so the rest of the round (emit, stats, proposer.accept) is unchanged.
+    """
+    B, k = spine.shape
+    w1 = siblings.shape[2]
+    device = spine.device
+    depth = torch.cat([torch.arange(k + 1, device=device), torch.arange(1, k + 1, device=device).repeat_interleave(w1)])
+    T = depth.shape[0]
+    tree = torch.zeros(T, T, dtype=torch.bool, device=device)
+    tree[:, 0] = True
+    for i in range(1, T):
+        d = int(depth[i])
+        tree[i, 1:d] = True  # the spine above it
+        tree[i, i] = True
+    ids = torch.cat([pending[:, None], spine, siblings.reshape(B, k * w1)], dim=1)
+    positions = state.next_pos[:, None] + depth[None, :]
+    logits, state, feats = kv.forward_tree(model, state, ids, positions, tree)
+    pred = logits.argmax(-1)  # [B, T]: the target's token after each node
+    from .verify import accepted_prefix
+
+    n_spine = accepted_prefix(spine == pred[:, :k], lengths)  # [B]
+    # At depth n_spine + 1 (where the spine failed), does a sibling match the target's token?
+    d_next = (n_spine + 1).clamp(max=k)
+    sib_at = siblings.gather(1, (d_next - 1)[:, None, None].expand(B, 1, w1)).squeeze(1)  # [B, w-1]
+    want = pred.gather(1, n_spine[:, None])  # [B, 1] the target's token after the accepted spine
+    match = (sib_at == want) & (n_spine < lengths)[:, None]
+    has = match.any(1)
+    which = match.float().argmax(1)  # first matching sibling
+    sib_col = 1 + k + (d_next - 1) * w1 + which  # [B]
+    n = n_spine + has.long()
+    last_col = torch.where(has, sib_col, n_spine)  # the column whose prediction comes next
+    next_token = pred.gather(1, last_col[:, None]).squeeze(1)
+    path = spine.clone()
+    rows = torch.arange(B, device=device)
+    path[rows[has], n_spine[has]] = sib_at[rows[has], which[has]]
+    keep = torch.zeros(B, T, dtype=torch.bool, device=device)
+    keep[:, : k + 1] = torch.arange(k + 1, device=device)[None, :] <= n_spine[:, None]  # pending + accepted spine
+    keep[rows[has], sib_col[has]] = True  # and the accepted sibling
+    state = kv.rollback(state, keep)
+    path_cols = torch.arange(k + 1, device=device)[None, :].expand(B, k + 1).clone()
+    path_cols[rows[has], n[has]] = sib_col[has]
+    path_feats = feats.gather(1, path_cols[:, :, None].expand(B, k + 1, feats.shape[-1]))
+    return n, next_token, path, state, path_feats
 
 
 def _window_slack(mask: torch.Tensor, remaining: torch.Tensor, window: int) -> int:

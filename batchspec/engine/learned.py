@@ -126,8 +126,8 @@ class MedusaDraft:
     kind = "medusa"
     needs_features = True
 
-    def __init__(self, heads: MedusaHeads, vocab_size: int):
-        self.heads, self.vocab_size = heads, vocab_size
+    def __init__(self, heads: MedusaHeads, vocab_size: int, tree_width: int = 1):
+        self.heads, self.vocab_size, self.tree_width = heads, vocab_size, tree_width
         self.h: torch.Tensor | None = None  # [B, H] feature whose LM-head token is the pending one
 
     def prefill(self, prompts, first_tokens, device, features: torch.Tensor) -> None:
@@ -138,6 +138,9 @@ class MedusaDraft:
         k = min(k, self.heads.num_heads)
         logits = _fit_vocab(self.heads(self.h.to(self.heads.heads[0][-1].weight.dtype), k), self.vocab_size)
         if params.greedy:
+            if self.tree_width > 1:  # each head's next-best guesses too: verified as a tree
+                top = logits.topk(self.tree_width, dim=-1).indices  # [B, k, w]
+                return Proposal(top[..., 0], lengths.clamp(max=k), None, siblings=top[..., 1:])
             return Proposal(logits.argmax(-1), lengths.clamp(max=k), None)
         probs = logits_to_probs(logits.float(), params)  # [B, k, V]
         tokens = torch.stack([sample_from(probs[:, j], uniforms[:, j, DRAFT]) for j in range(k)], 1)
