@@ -105,14 +105,18 @@ class ModelDraft:
         return ids.masked_fill(ids >= self.embed_rows, self.pad_id)
 
     def _align(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft logits over the target's vocabulary (checkpoints pad embeddings differently)."""
-        V = self.vocab_size
-        if logits.shape[-1] > V:
-            return logits[..., :V]
-        if logits.shape[-1] < V:
-            pad = logits.new_full((*logits.shape[:-1], V - logits.shape[-1]), float("-inf"))
-            return torch.cat([logits, pad], -1)
-        return logits
+        return fit_vocab(logits, self.vocab_size)
+
+
+def fit_vocab(logits: torch.Tensor, V: int) -> torch.Tensor:
+    """Draft logits over the target's vocabulary of V ids (checkpoints pad embeddings differently):
+    cut the extra columns, or give the missing ids probability zero."""
+    if logits.shape[-1] > V:
+        return logits[..., :V]
+    if logits.shape[-1] < V:
+        pad = logits.new_full((*logits.shape[:-1], V - logits.shape[-1]), float("-inf"))
+        return torch.cat([logits, pad], -1)
+    return logits
 
 
 class NgramDraft:

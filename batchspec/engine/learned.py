@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from . import cache as kv
-from .drafts import Proposal
+from .drafts import Proposal, fit_vocab
 from .models import ModelLoadError, resolve_model_path
 from .sampling import DRAFT, SamplingParams, logits_to_probs, sample_from
 
@@ -136,7 +136,7 @@ class MedusaDraft:
     @torch.inference_mode()
     def propose(self, k: int, lengths: torch.Tensor, params: SamplingParams, uniforms) -> Proposal:
         k = min(k, self.heads.num_heads)
-        logits = _fit_vocab(self.heads(self.h.to(self.heads.heads[0][-1].weight.dtype), k), self.vocab_size)
+        logits = fit_vocab(self.heads(self.h.to(self.heads.heads[0][-1].weight.dtype), k), self.vocab_size)
         if params.greedy:
             if self.tree_width > 1:  # each head's next-best guesses too: verified as a tree
                 top = logits.topk(self.tree_width, dim=-1).indices  # [B, k, w]
@@ -197,7 +197,7 @@ class EagleDraft:
         logits, self.state = kv.forward(self.model, self.state, toks, mask, last_only=True)
         tokens, probs = [], []
         for j in range(k):
-            step = _fit_vocab(logits[:, -1], self.vocab_size)
+            step = fit_vocab(logits[:, -1], self.vocab_size)
             if params.greedy:
                 token = step.argmax(-1)
             else:
@@ -233,15 +233,6 @@ class EagleDraft:
         idx = keep_idx.tolist()
         self.unfed_feats = [self.unfed_feats[i] for i in idx]
         self.unfed_toks = [self.unfed_toks[i] for i in idx]
-
-
-def _fit_vocab(logits: torch.Tensor, V: int) -> torch.Tensor:
-    if logits.shape[-1] > V:
-        return logits[..., :V]
-    if logits.shape[-1] < V:
-        pad = logits.new_full((*logits.shape[:-1], V - logits.shape[-1]), float("-inf"))
-        return torch.cat([logits, pad], -1)
-    return logits
 
 
 # ---------------------------------------------------------------------------------------------
