@@ -224,3 +224,69 @@ def test_medusa_tree_accepts_a_sibling_the_chain_misses(models_dir):
         assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
         per_pass[width] = 1 + sum(o.stats.accepted_tokens for o in spec) / sum(o.stats.spec_rounds for o in spec)
     assert per_pass[3] > per_pass[1], per_pass
+
+
+def test_checkpoints_load_by_hub_id_from_the_local_cache(drafts, monkeypatch, tmp_path):
+    """A hub id resolves through huggingface_hub's cache (offline here: the snapshot is placed in
+    the cache layout, as a download would leave it)."""
+    import shutil
+
+    import huggingface_hub.constants as hub
+
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    for kind in KINDS:
+        target, draft = drafts[(kind, True)]
+        repo = tmp_path / "hub" / f"models--acme--tiny-{kind}"
+        shutil.copytree(draft, repo / "snapshots" / "0123abc")
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text("0123abc")
+        engine = Engine.load(str(target), DraftSpec(kind=kind, path=f"acme/tiny-{kind}"))
+        rows = engine.tokenize(["the lease shall"])
+        plain, _ = engine.generate(rows, max_new_tokens=12, speculate=False)
+        spec, _ = engine.generate(rows, max_new_tokens=12, speculate=True, draft_length=3)
+        assert spec[0].token_ids == plain[0].token_ids and spec[0].stats.accepted_tokens > 0
+
+
+def test_a_job_runs_with_the_demo_eagle_draft(ray_session, tmp_path):
+    """The whole path, spec to parts: `model.draft: {kind: eagle}` with backend auto runs on the
+    hf engine in the actors, and the completions equal a run without speculation."""
+    from pathlib import Path
+
+    import polars as pl
+
+    from batchspec.runner.job import submit
+    from batchspec.spec import load_spec
+
+    repo = Path(__file__).resolve().parents[1]
+    base = [f"input.path={repo / 'jobs/data/legal/prompts-0000.parquet'}", "resources.cpus_per_actor=1",
+            f"model.target={repo / 'models/legal-target'}", f"model.draft.path={repo / 'models/legal-eagle'}",
+            "model.draft.kind=eagle"]
+    runs = {}
+    for mode in ("on", "off"):
+        spec = load_spec(str(repo / "jobs/summarize_legal.yaml"),
+                         base + [f"speculation.mode={mode}", f"output.path={tmp_path / mode}"])
+        result = submit(spec)
+        assert result.ok, result.failed
+        runs[mode] = pl.read_parquet(tmp_path / mode / "data").sort("id")
+    on = runs["on"]
+    assert on["draft_kind"].unique().to_list() == ["eagle"] and on["spec_enabled"].all()
+    assert on["accepted_tokens"].sum() / on["draft_tokens"].sum() > 0.8
+    assert on["completion"].to_list() == runs["off"]["completion"].to_list()
+    job = __import__("json").loads((tmp_path / "on" / "_batchspec" / "job.json").read_text())
+    assert job["runs"][-1]["backend"] == "hf"
+
+
+def test_validate_accepts_learned_drafts_and_names_a_wrong_one():
+    """Medusa's config.json has no model_type, so AutoConfig is not the check for learned drafts."""
+    from pathlib import Path
+
+    from batchspec.runner.validate import resolve_models
+    from batchspec.spec import load_spec
+
+    repo = Path(__file__).resolve().parents[1]
+    job = str(repo / "jobs/summarize_legal.yaml")
+    for kind in KINDS:
+        spec = load_spec(job, [f"model.draft.kind={kind}", f"model.draft.path={repo / 'models' / f'legal-{kind}'}"])
+        assert resolve_models(spec) == []
+    wrong = load_spec(job, ["model.draft.kind=medusa", f"model.draft.path={repo / 'models/legal-eagle'}"])
+    assert any("not a Medusa checkpoint" in p for p in resolve_models(wrong))

@@ -94,6 +94,19 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
     return v
 
 
+def learned_draft_problem(path: str, kind: str) -> None:
+    """Raise when a learned draft's checkpoint (a local dir or a hub id) has no config.json, or
+    a medusa one names no heads. Its config is not a transformers model config (Medusa's has no
+    model_type), so AutoConfig cannot be the check."""
+    import json
+
+    from transformers.utils import cached_file
+
+    cfg = json.loads(open(cached_file(path, "config.json")).read())
+    if kind == "medusa" and "medusa_num_heads" not in cfg:
+        raise ValueError("config.json has no medusa_num_heads; not a Medusa checkpoint")
+
+
 def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None = None) -> list[str]:
     """Load configs and tokenizers (no weights) of the target and a model draft; list problems
     (and, into `notes`, what the user should know: a sliding window limits speculation)."""
@@ -119,6 +132,9 @@ def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None =
                 problems.append(f"{role} model: {problem}")
                 continue
             path = resolve_model_path(source, m.storage_options)
+            if role == "draft" and m.draft.kind != "model":  # learned drafts: their own config.json layouts
+                learned_draft_problem(path, m.draft.kind)
+                continue
             config = AutoConfig.from_pretrained(path, trust_remote_code=m.trust_remote_code)
             if role == "target" and backend == "hf":
                 problem = serving_problem(config, m.draft.kind)
