@@ -152,13 +152,17 @@ def test_status_reads_the_job_file_on_s3_and_prints_json(models_dir, ray_session
     st = json.loads(res.stdout)
     assert st["complete"] is True and st["shards"] == {"done": 2, "failed": 0, "pending": 0, "total": 2}
     assert st["rows"] == 6 and st["error_rows"] == 0
+    table = CliRunner().invoke(app, ["status", str(job)])  # the default table, as a person reads it
+    assert table.exit_code == 0 and not isinstance(table.exception, Exception), table.output
+    assert "2 done, 0 failed, 0 pending (complete)" in table.output and "prompts-0001" in table.output
     # A committed part deleted afterwards: incomplete again, whatever _SUCCESS says.
     fs.rm(f"{bucket}/out/data/part-prompts-0000.parquet")
     res = CliRunner().invoke(app, ["status", str(job), "--format", "json"])
     st = json.loads(res.stdout)
     assert res.exit_code == 1 and st["complete"] is False and st["shards"]["pending"] == 1
     table = CliRunner().invoke(app, ["status", str(job)])
-    assert "(complete)" not in table.output
+    assert table.exit_code == 1 and not isinstance(table.exception, Exception), table.output  # no crash
+    assert "1 done, 0 failed, 1 pending" in table.output and "(complete)" not in table.output
     report = CliRunner().invoke(app, ["report", str(job), "--format", "json"])  # the job file knows the endpoint
     assert report.exit_code == 0 and json.loads(report.stdout)["rows"] == 3
 

@@ -11,19 +11,18 @@ from rich.table import Table
 
 from ..rates import acceptance_rate
 
-# soft_wrap: a line longer than the terminal (or than 80 columns, when stderr is a file or a pipe)
-# stays one line; markup/highlight off: shard ids and errors are printed as they are.
-console = Console(stderr=True, soft_wrap=True, markup=False, highlight=False)
 
 
 class Progress:
     """Shard-level progress with running totals; a no-op when disabled (--quiet, JSON logs)."""
 
     def __init__(self, enabled: bool = True, stream=None):
-        global console
-        if stream is not None:  # the real stderr, when the driver filters file descriptor 2 (logs.capture_stderr)
-            console = Console(file=stream, soft_wrap=True, markup=False, highlight=False, force_terminal=stream.isatty())
+        # stream: the real stderr when the driver filters file descriptor 2 (logs.capture_stderr).
+        # soft_wrap: a line longer than the terminal (or than 80 columns, when stderr is a file or
+        # a pipe) stays one line; markup/highlight off: shard ids and errors print as they are.
         stream = stream or sys.stderr
+        self.console = Console(file=stream, soft_wrap=True, markup=False, highlight=False,
+                               force_terminal=stream.isatty())
         self.enabled = enabled and stream.isatty()  # a live bar only on a terminal; plain lines otherwise
         self.printing = enabled
         self.rows = self.tokens = self.accepted = self.drafted = self.failed = 0
@@ -34,7 +33,7 @@ class Progress:
     def __enter__(self):
         if self.enabled:
             self._bar = RichProgress(TextColumn("shards", style="bold"), BarColumn(), MofNCompleteColumn(),
-                                     TextColumn("{task.fields[stats]}"), TimeRemainingColumn(), console=console)
+                                     TextColumn("{task.fields[stats]}"), TimeRemainingColumn(), console=self.console)
             self._bar.__enter__()
         return self
 
@@ -45,7 +44,7 @@ class Progress:
     def planned(self, shards, todo) -> None:
         self.t0 = time.perf_counter()
         if self.printing:
-            console.print(f"{len(shards)} shard(s): {len(todo)} to run, {len(shards) - len(todo)} already done")
+            self.console.print(f"{len(shards)} shard(s): {len(todo)} to run, {len(shards) - len(todo)} already done")
         if self._bar is not None:
             self._task = self._bar.add_task("shards", total=len(todo), stats="")
 
@@ -64,7 +63,7 @@ class Progress:
             self._bar.update(self._task, advance=1, stats=stats)
         elif self.printing:
             state = m.get("status")
-            console.print(f"shard {m['shard']}: {state}" + (f" ({m.get('error')})" if state != "done" else "")
+            self.console.print(f"shard {m['shard']}: {state}" + (f" ({m.get('error')})" if state != "done" else "")
                           + f" | {stats}")
 
     def summary(self, result) -> None:
@@ -72,7 +71,7 @@ class Progress:
             return
         accepted = acceptance_rate(result.accepted_tokens, result.draft_tokens)
         acc = f"{accepted:.2f}" if accepted is not None else "n/a (speculation off)"
-        console.print(
+        self.console.print(
             f"{'done' if result.ok else 'FAILED'}: {len(result.done)} shard(s) run, {len(result.skipped)} already done, "
             f"{len(result.failed)} failed | {result.rows} rows ({result.error_rows} error rows) | "
             f"{result.completion_tokens} tokens in {result.wall_s:.1f}s ({result.tokens_per_s:.0f} tok/s) | "
@@ -80,11 +79,12 @@ class Progress:
 
 
 def print_status(st: dict) -> None:
-    table = Table(title=f"{st['name']}: {st['done']} done, {st['failed']} failed, {st['pending']} pending"
-                        f"{' (complete)' if st['success'] else ''}")
+    n = st["shards"]
+    table = Table(title=f"{st['name']}: {n['done']} done, {n['failed']} failed, {n['pending']} pending"
+                        f"{' (complete)' if st['complete'] else ''}; last run {st['job_status']}")
     for col in ("shard", "status", "rows", "error rows", "attempts", "error"):
         table.add_column(col)
-    for r in st["shards"]:
+    for r in st["shard_list"]:
         table.add_row(r["shard"], r["status"], str(r["rows"] or ""), str(r["error_rows"]), str(r["attempts"]),
                       (r["error"] or "")[:80])
     Console().print(table)
