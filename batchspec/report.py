@@ -43,7 +43,7 @@ def load(output: str, storage_options: dict | None = None) -> tuple[dict, dict[s
     manifests = store.manifests()
     done = {s: m for s, m in manifests.items() if store.committed(s, m)}
     other = {s: m for s, m in manifests.items() if s not in done}
-    tables = [pl.from_arrow(store.read_part(s)) for s in sorted(done)]
+    tables = [pl.from_arrow(store.read_part(s, done[s])) for s in sorted(done)]
     rows = pl.concat(tables, how="vertical") if tables else pl.DataFrame()
     return job, done, rows, other
 

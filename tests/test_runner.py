@@ -276,3 +276,21 @@ def test_lease_on_another_host_goes_stale_after_missed_heartbeats(tmp_path):
         Lease(store, "a").acquire()
     note = Lease(store, "b", timeout_s=4.0).acquire()  # 5 s without a heartbeat > 4 s (and > 3 beats of 1 s)
     assert "no heartbeat for 5s" in note
+
+
+def test_an_output_written_before_data_dir_is_still_read(models_dir, tmp_path):
+    """Parts at the top of the output (the layout before data/): committed, counted, reported."""
+    from batchspec.report import build_report
+
+    store = OutputStore(str(tmp_path / "out"))
+    rows = [{**{f.name: None for f in OUTPUT_SCHEMA}, "id": "a", "shard": "s", "row_index": 0, "completion": "x",
+             "finish_reason": "length", "prompt_tokens": 3, "completion_tokens": 2, "spec_enabled": False,
+             "draft_tokens": 0, "accepted_tokens": 0, "spec_rounds": 0, "ttft_s": 0.1, "latency_s": 0.2,
+             "batch_size": 1, "attempt": 1, "worker": "w", "target_model": "t"}]
+    store.write_part("s", pa.Table.from_pylist(rows, schema=OUTPUT_SCHEMA))
+    os.replace(tmp_path / "out" / "data" / "part-s.parquet", tmp_path / "out" / "part-s.parquet")
+    store.write_manifest("s", {"shard": "s", "status": "done", "part": "part-s.parquet", "rows_out": 1})
+    store.write_job({"name": "old", "shards": ["s"], "runs": []})
+    assert store.committed("s", store.manifests()["s"])
+    assert status(str(tmp_path / "out"))["complete"]
+    assert build_report(str(tmp_path / "out"))["rows"] == 1

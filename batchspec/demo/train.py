@@ -112,14 +112,12 @@ def _frozen_target(target_dir: Path):
     for p in target.parameters():
         p.requires_grad_(False)
 
+    from ..engine.cache import capture_head_input
+
     @torch.no_grad()
     def features(ids, mask):
-        captured = []
-        hook = target.get_output_embeddings().register_forward_pre_hook(lambda _m, a: captured.append(a[0]))
-        try:
+        with capture_head_input(target) as captured:
             logits = target(input_ids=ids, attention_mask=mask).logits
-        finally:
-            hook.remove()
         return captured[-1], logits.argmax(-1)
 
     return target, features
@@ -171,12 +169,10 @@ def train_learned(kind: str, target_dir: Path, tok_dir: Path, out: Path, steps: 
                 hits += int((li.argmax(-1) == lab[valid]).sum())
                 total += int(valid.sum())
         else:
-            noise = torch.randn_like(feats[:, :-1]) * 0.05 * feats.std()
-            module.features = feats[:, :-1] + noise
+            noisy = feats[:, :-1] + torch.randn_like(feats[:, :-1]) * 0.05 * feats.std()
             out_mask = mask[:, :-1]
             pos = (out_mask.cumsum(1) - 1).clamp_min(0)
-            hidden = module.decoder(inputs_embeds=module.fc(torch.cat([module.embed(ids[:, 1:]), module.features], -1)),
-                                    attention_mask=out_mask, position_ids=pos).last_hidden_state
+            hidden = module.predict(ids[:, 1:], noisy, attention_mask=out_mask, position_ids=pos)
             valid = mask[:, 1:] == 1
             reg = torch.nn.functional.smooth_l1_loss(hidden[valid], feats[:, 1:][valid])
             tok_logits = lm_head(hidden[valid])

@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib.util
 
 HF_DRAFT_KINDS = ("model", "quantized", "layer_skip", "ngram", "medusa", "eagle", "none")
-LEARNED_HF_KINDS = ("medusa", "eagle")
+LEARNED_KINDS = ("medusa", "eagle")  # drafts that read the target's features (engine/learned.py)
 # vLLM's own methods. "quantized" (the target's checkpoint as its own draft, quantized to fp8 as vLLM
 # loads it) is served on GPU only: vLLM's CPU build has no online weight quantization. layer_skip
 # has no vLLM method.
@@ -64,12 +64,18 @@ def choose_backend(requested: str, draft_kind: str, gpu: bool = False) -> tuple[
         return "hf", "auto: vLLM is not installed"
     if draft_kind not in vllm_kinds:
         return "hf", f"auto: vLLM has no '{draft_kind}' draft{'' if gpu else ' on CPU'}, so batchspec's own engine serves it"
-    if draft_kind in LEARNED_HF_KINDS:
+    if draft_kind in LEARNED_KINDS:
         # batchspec trains these in its own layout, which vLLM does not read; passing published
         # checkpoints through to vLLM is untested (docs/engine.md), so vLLM only on request.
         return "hf", (f"auto: batchspec's engine reads '{draft_kind}' checkpoints (its own and the reference layouts); "
                       "set model.backend: vllm to hand a published one to vLLM")
     return "vllm", "auto: vLLM is installed and serves this draft kind"
+
+
+def backend_for(spec) -> tuple[str, str]:
+    """choose_backend for a JobSpec: its model.backend and draft kind, on GPU actors when it asks
+    for GPUs. The driver (submit, validate) and the actors all decide through this."""
+    return choose_backend(spec.model.backend, spec.model.draft.kind, gpu=spec.resources.gpus_per_actor > 0)
 
 
 def load_backend(name: str, spec_model, k_default: int = 4):

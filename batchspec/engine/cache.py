@@ -18,6 +18,7 @@ croppable DynamicCache (Llama, Qwen2, Mistral without sliding window, GPT-2, ...
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from dataclasses import dataclass
@@ -62,18 +63,25 @@ def forward(
     return out.logits, KVState(state.cache, mask, state.next_pos + input_mask.sum(1))
 
 
-def forward_with_features(
-    model: torch.nn.Module, state: KVState, input_ids: torch.Tensor, input_mask: torch.Tensor,
-) -> tuple[torch.Tensor, KVState, torch.Tensor]:
-    """forward() for every position, plus the features the LM head read ([B, T, H]: the target's
-    top-layer hidden states after its final norm), which learned drafts (Medusa, EAGLE) draft from.
-    Captured at the head's input, so it holds for any architecture."""
+@contextlib.contextmanager
+def capture_head_input(model: torch.nn.Module):
+    """Collect what the model's LM head reads during the block: the top-layer hidden states after
+    the final norm, the features learned drafts (Medusa, EAGLE) draft from and train on. Taken at
+    the head's input, so it holds for any architecture. Yields a list; its last item is [B, T, H]."""
     captured: list[torch.Tensor] = []
     hook = model.get_output_embeddings().register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
     try:
-        logits, state = forward(model, state, input_ids, input_mask)
+        yield captured
     finally:
         hook.remove()
+
+
+def forward_with_features(
+    model: torch.nn.Module, state: KVState, input_ids: torch.Tensor, input_mask: torch.Tensor,
+) -> tuple[torch.Tensor, KVState, torch.Tensor]:
+    """forward() for every position, plus the features the LM head read ([B, T, H])."""
+    with capture_head_input(model) as captured:
+        logits, state = forward(model, state, input_ids, input_mask)
     return logits, state, captured[-1]
 
 
@@ -90,13 +98,9 @@ def forward_tree(
                          tree.bool()[None, None].expand(B, 1, T, T)], dim=-1)
     dtype = next(model.parameters()).dtype
     mask4d = torch.zeros(B, 1, T, S + T, dtype=dtype, device=input_ids.device).masked_fill(~visible, torch.finfo(dtype).min)
-    captured: list[torch.Tensor] = []
-    hook = model.get_output_embeddings().register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
-    try:
+    with capture_head_input(model) as captured:
         out = model(input_ids=input_ids, attention_mask=mask4d, position_ids=positions, use_cache=True,
                     **{_cache_kwarg(model): state.cache})
-    finally:
-        hook.remove()
     mask = torch.cat([state.mask, torch.ones_like(input_ids)], dim=1)
     return out.logits, KVState(state.cache, mask, state.next_pos + T), captured[-1]
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .backend import LEARNED_KINDS
 from .drafts import ModelDraft, NgramDraft, check_tokenizers_compatible, layer_skip_view, quantized_copy
 from .generate import AdaptiveK, BatchResult, DraftLength, FixedK, GenerationConfig, RowStats, generate
 from .models import (LoadedModel, ModelLoadError, attention_window, context_length, encode_prompts, eos_token_ids,
@@ -65,7 +66,7 @@ class Engine:
         if draft.kind not in DRAFT_KINDS:
             raise ModelLoadError(f"unknown draft kind {draft.kind!r}; choose one of {', '.join(DRAFT_KINDS)}")
         loaded = load_model(target, device, dtype, trust_remote_code, storage_options)
-        problem = serving_problem(loaded.model.config, draft.kind)
+        problem = serving_problem(loaded.model.config)
         if problem:
             raise ModelLoadError(problem)
         module, source = None, None
@@ -83,7 +84,7 @@ class Engine:
             module, source = layer_skip_view(loaded.model, n), f"{target} (first {n} of {total} layers)"
         elif draft.kind == "ngram":
             source = f"ngram (max {draft.max_ngram})"
-        elif draft.kind in ("medusa", "eagle"):
+        elif draft.kind in LEARNED_KINDS:
             from .learned import load_eagle, load_medusa
 
             if not draft.path:
@@ -116,7 +117,7 @@ class Engine:
     def new_proposer(self):
         if self.draft.kind == "ngram":
             return NgramDraft(self.draft.max_ngram)
-        if self.draft.kind in ("medusa", "eagle"):
+        if self.draft.kind in LEARNED_KINDS:
             from .learned import EagleDraft, MedusaDraft
 
             if self.draft.kind == "medusa":
@@ -262,7 +263,7 @@ def measure_costs(engine: Engine, batch_size: int, ks: tuple[int, ...] = (1, 2, 
         "draft_step_s": 0.0,
         "draft_prefill_token_s": 0.0,
     }
-    if engine.draft.kind in ("medusa", "eagle"):
+    if engine.draft.kind in LEARNED_KINDS:
         # Learned drafts read the target's features: time the proposer itself, 4 tokens a call.
         proposer = engine.new_proposer()
         _, _, feats = kv.forward_with_features(target, kv.empty_state(batch_size, engine.device), ids, ones)

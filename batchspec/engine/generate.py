@@ -21,7 +21,7 @@ import torch
 
 from . import cache as kv
 from .sampling import SAMPLE, RowRandom, SamplingParams, gather_uniforms, logits_to_probs, sample_from
-from .verify import greedy_verify, rejection_verify
+from .verify import accepted_prefix, greedy_verify, rejection_verify
 
 
 @dataclass(frozen=True)
@@ -235,32 +235,31 @@ def generate(
         synchronize()
         t1 = time.perf_counter()
 
-        # 4. One target pass over pending + draft; verify.
+        # 4. One target pass over pending + draft; verify. 5. Roll back rejected slots: keep pending
+        #    and the accepted draft tokens (invariant in cache.py).
         if siblings is not None:  # a tree: the chain plus other candidates at each depth
             n, next_token, draft_tokens, state, feats = _verify_tree(model, state, pending, draft_tokens, siblings,
                                                                      lengths)
-        elif features:
-            logits, state, feats = kv.forward_with_features(model, state, step_ids, torch.ones_like(step_ids))
         else:
-            logits, state = kv.forward(model, state, step_ids, torch.ones_like(step_ids))  # [B, k+1, V]
-        if siblings is not None:
-            pass  # verified above
-        elif k == 0:
-            n = torch.zeros(len(active), dtype=torch.long, device=device)
-            if params.greedy:
-                next_token = logits[:, -1].argmax(-1)
+            if features:
+                logits, state, feats = kv.forward_with_features(model, state, step_ids, torch.ones_like(step_ids))
             else:
-                next_token = sample_from(logits_to_probs(logits[:, -1], params), uniforms[:, 0, SAMPLE])
-        elif params.greedy:
-            n, next_token = greedy_verify(logits, draft_tokens, lengths)
-        else:
-            target_probs = logits_to_probs(logits, params)  # [B, k+1, V]
-            n, next_token = rejection_verify(target_probs, draft_probs, draft_tokens, lengths, uniforms[:, : k + 1])
-
-        # 5. Roll back rejected slots: keep pending and the accepted draft tokens (invariant in cache.py).
-        if k > 0 and siblings is None:
-            keep_cols = torch.arange(k + 1, device=device)[None, :] <= n[:, None]  # [B, k+1]
-            state = kv.rollback(state, keep_cols)
+                logits, state = kv.forward(model, state, step_ids, torch.ones_like(step_ids))  # [B, k+1, V]
+            if k == 0:
+                n = torch.zeros(len(active), dtype=torch.long, device=device)
+                if params.greedy:
+                    next_token = logits[:, -1].argmax(-1)
+                else:
+                    next_token = sample_from(logits_to_probs(logits[:, -1], params), uniforms[:, 0, SAMPLE])
+            elif params.greedy:
+                n, next_token = greedy_verify(logits, draft_tokens, lengths)
+            else:
+                target_probs = logits_to_probs(logits, params)  # [B, k+1, V]
+                n, next_token = rejection_verify(target_probs, draft_probs, draft_tokens, lengths,
+                                                 uniforms[:, : k + 1])
+            if k > 0:
+                keep_cols = torch.arange(k + 1, device=device)[None, :] <= n[:, None]  # [B, k+1]
+                state = kv.rollback(state, keep_cols)
         synchronize()
         t2 = time.perf_counter()
 
@@ -320,18 +319,14 @@ def _verify_tree(model, state, pending, spine, siblings, lengths):
     device = spine.device
     depth = torch.cat([torch.arange(k + 1, device=device), torch.arange(1, k + 1, device=device).repeat_interleave(w1)])
     T = depth.shape[0]
-    tree = torch.zeros(T, T, dtype=torch.bool, device=device)
-    tree[:, 0] = True
-    for i in range(1, T):
-        d = int(depth[i])
-        tree[i, 1:d] = True  # the spine above it
-        tree[i, i] = True
+    col = torch.arange(T, device=device)
+    # Every node sees pending (column 0), itself, and the spine above it: spine node j sits in
+    # column j, so those are the columns 1 .. depth-1.
+    tree = (col[None, :] == 0) | (col[None, :] == col[:, None]) | ((col[None, :] >= 1) & (col[None, :] < depth[:, None]))
     ids = torch.cat([pending[:, None], spine, siblings.reshape(B, k * w1)], dim=1)
     positions = state.next_pos[:, None] + depth[None, :]
     logits, state, feats = kv.forward_tree(model, state, ids, positions, tree)
     pred = logits.argmax(-1)  # [B, T]: the target's token after each node
-    from .verify import accepted_prefix
-
     n_spine = accepted_prefix(spine == pred[:, :k], lengths)  # [B]
     # At depth n_spine + 1 (where the spine failed), does a sibling match the target's token?
     d_next = (n_spine + 1).clamp(max=k)

@@ -37,7 +37,7 @@ from torch import nn
 
 from . import cache as kv
 from .drafts import Proposal, fit_vocab
-from .models import ModelLoadError, resolve_model_path
+from .models import ModelLoadError, local_source_problem, resolve_model_path
 from .sampling import DRAFT, SamplingParams, logits_to_probs, sample_from
 
 
@@ -104,12 +104,17 @@ class EagleModel(nn.Module):
     def get_output_embeddings(self):
         return self.lm_head
 
+    def predict(self, input_ids, features, attention_mask=None, position_ids=None, past_key_values=None,
+                use_cache=False) -> torch.Tensor:
+        """The predicted next features [B, T, H] for pairs (features[:, t], input_ids[:, t])."""
+        x = self.fc(torch.cat([self.embed(input_ids), features.to(self.fc.weight.dtype)], -1))
+        return self.decoder(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids,
+                            past_key_values=past_key_values, use_cache=use_cache).last_hidden_state
+
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True,
                 logits_to_keep=0, **_):
-        x = self.fc(torch.cat([self.embed(input_ids), self.features.to(self.fc.weight.dtype)], -1))
-        out = self.decoder(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids,
-                           past_key_values=past_key_values, use_cache=use_cache)
-        hidden = out.last_hidden_state
+        """The cache.forward interface: the pairs' features come from self.features."""
+        hidden = self.predict(input_ids, self.features, attention_mask, position_ids, past_key_values, use_cache)
         self.last_hidden = hidden
         keep = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
         return _Out(self.lm_head(keep))
@@ -241,11 +246,12 @@ class EagleDraft:
 
 def _local_dir(source: str, storage_options: dict | None) -> Path:
     """A local directory for a local path, an s3:// prefix (cached copy) or a hub id (snapshot)."""
+    problem = local_source_problem(source)
+    if problem:
+        raise ModelLoadError(problem)
     path = Path(resolve_model_path(source, storage_options)).expanduser()
     if path.is_dir():
         return path
-    if source.startswith((".", "/", "~")):
-        raise ModelLoadError(f"draft directory {source} does not exist")
     try:
         from huggingface_hub import snapshot_download
 
@@ -255,14 +261,14 @@ def _local_dir(source: str, storage_options: dict | None) -> Path:
 
 
 def _state_dict(folder: Path, stems: tuple[str, ...]) -> dict:
-    for stem in stems:
-        if (folder / f"{stem}.safetensors").exists():
-            from safetensors.torch import load_file
+    from safetensors.torch import load_file
 
-            return load_file(str(folder / f"{stem}.safetensors"))
-        if (folder / f"{stem}.pt").exists() or (folder / f"{stem}.bin").exists():
-            f = folder / f"{stem}.pt" if (folder / f"{stem}.pt").exists() else folder / f"{stem}.bin"
-            return torch.load(str(f), map_location="cpu", weights_only=True)
+    for stem in stems:
+        for suffix in (".safetensors", ".pt", ".bin"):
+            f = folder / f"{stem}{suffix}"
+            if f.exists():
+                return load_file(str(f)) if suffix == ".safetensors" else torch.load(str(f), map_location="cpu",
+                                                                                     weights_only=True)
     raise ModelLoadError(f"no weights in {folder} (looked for {', '.join(s + '.safetensors|.pt|.bin' for s in stems)})")
 
 

@@ -134,10 +134,9 @@ _RECURRENT_TYPES = {"mamba", "mamba2", "falcon_mamba", "rwkv", "jamba", "zamba",
 _ATTENTION_LAYERS = ("full_attention", "sliding_attention", "chunked_attention")
 
 
-def serving_problem(config, draft_kind: str) -> str | None:
-    """Why the hf engine cannot serve this model (from its config alone, so the driver can refuse
-    a job before any actor starts); None when it can. `draft_kind` is kept for rules that depend
-    on it; today every refusal holds for plain decoding too."""
+def serving_problem(config) -> str | None:
+    """Why the hf engine cannot serve this model, with any draft kind or none (from its config
+    alone, so the driver can refuse a job before any actor starts); None when it can."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     mt = getattr(config, "model_type", "?")

@@ -129,6 +129,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, worker_log
         # cluster /tmp/ray/ray_current_cluster names, even a dead one left by an earlier run.
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=worker_logs,
                  logging_level=logging.WARNING)
+    quiet_foreign_loggers()  # ray.init re-formats the handlers of Ray's loggers; give them ours again
 
 
 def submit(spec: JobSpec, address: str | None = None, force: bool = False,
@@ -188,10 +189,10 @@ def _interrupted(spec: JobSpec, store: OutputStore, shards: list[Shard], job_id:
 
 def pick_backend(spec: JobSpec) -> tuple[str, str]:
     """(backend, reason), decided once on the driver so every actor runs the same engine."""
-    from ..engine.backend import choose_backend
+    from ..engine.backend import backend_for
 
     try:
-        return choose_backend(spec.model.backend, spec.model.draft.kind, gpu=spec.resources.gpus_per_actor > 0)
+        return backend_for(spec)
     except ValueError as e:
         raise JobRefused(str(e)) from None
 
@@ -211,10 +212,7 @@ def _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0, back
     reported: dict[str, str | None] = {}  # shard -> error, as the actors reported it
     if todo:
         init_ray(address, worker_logs=worker_logs)
-        from .logs import quiet_foreign_loggers
         from .worker import ShardWorker
-
-        quiet_foreign_loggers()
 
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False  # batchspec draws its own progress (shards, rows, tokens/s)
@@ -314,9 +312,7 @@ def status(output: str, storage_options: dict | None = None) -> dict:
     complete: every shard the job planned is committed (manifest says done and its part exists),
     whatever _SUCCESS says: a part deleted after the run makes the job incomplete again.
     """
-    import time as _time
-
-    from .lease import holder_is_gone
+    from .lease import takeover_reason
 
     store = OutputStore(output, storage_options)
     job = store.read_job()
@@ -336,8 +332,7 @@ def status(output: str, storage_options: dict | None = None) -> dict:
     job_status = job.get("status")
     if job_status == "running":
         held = store.read_json(store.meta_path("lease.json"))
-        stale = held and _time.time() - float(held.get("heartbeat_at", 0)) > max(60.0, 3 * held.get("heartbeat_s", 0))
-        if not held or holder_is_gone(held) or stale:
+        if not held or takeover_reason(held):
             job_status = "stopped"  # its driver died without recording an end; rerun finishes it
     return {"name": job.get("name"), "output": output, "job_status": job_status,
             "complete": counts["done"] == len(rows), "success_marker": store.has_success(),

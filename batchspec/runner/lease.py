@@ -58,6 +58,22 @@ def holder_is_gone(held: dict) -> str | None:
     return None
 
 
+def stale_after(held: dict, timeout_s: float = DEFAULT_TIMEOUT_S) -> float:
+    """Seconds without a heartbeat after which a lease counts as abandoned: the staleness limit,
+    and never less than three of the holder's own heartbeat intervals."""
+    return max(timeout_s, 3 * float(held.get("heartbeat_s", 0)))
+
+
+def takeover_reason(held: dict, timeout_s: float = DEFAULT_TIMEOUT_S) -> str | None:
+    """Why a held lease may be taken over now (its holder on this host is gone, or it is stale);
+    None while its holder may still be alive."""
+    gone = holder_is_gone(held)
+    if gone:
+        return gone
+    age = time.time() - float(held.get("heartbeat_at", 0))
+    return f"no heartbeat for {age:.0f}s" if age >= stale_after(held, timeout_s) else None
+
+
 class Lease:
     def __init__(self, store: OutputStore, job_id: str, timeout_s: float | None = None,
                  heartbeat_s: float | None = None):
@@ -80,17 +96,16 @@ class Lease:
             self._start()
             return None
         held = self.store.read_json(self.path) or {}
-        age = time.time() - float(held.get("heartbeat_at", 0))
-        stale_s = max(self.timeout_s, 3 * float(held.get("heartbeat_s", 0)))
-        gone = holder_is_gone(held)
-        if age < stale_s and not gone and not force:
+        why = takeover_reason(held, self.timeout_s)
+        if why is None and not force:
+            age = time.time() - float(held.get("heartbeat_at", 0))
             raise LeaseHeld(
                 f"output is in use by job {held.get('job_id')} ({held.get('owner')}), last heartbeat {age:.0f}s ago; "
-                f"wait for it, or use --force if that run is dead (a lease goes stale after {stale_s:.0f}s "
-                "without a heartbeat)")
+                f"wait for it, or use --force if that run is dead (a lease goes stale after "
+                f"{stale_after(held, self.timeout_s):.0f}s without a heartbeat)")
         self.store.write_json(self.path, self._record(time.time()))
         self._start()
-        why = gone or (f"no heartbeat for {age:.0f}s" if age >= stale_s else "forced")
+        why = why or "forced"
         return f"took over the lease of job {held.get('job_id')} ({held.get('owner')}): {why}"
 
     def _start(self) -> None:

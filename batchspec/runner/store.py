@@ -87,10 +87,6 @@ class OutputStore:
     def part_path(self, shard: str) -> str:
         return f"{self.root}/{self.part_name(shard)}"
 
-    def data_path(self) -> str:
-        """Where readers point: a directory of Parquet files only."""
-        return f"{self.url}/data"
-
     @staticmethod
     def _legacy_name(shard: str) -> str:
         return f"part-{safe_name(shard)}.parquet"
@@ -230,18 +226,19 @@ class OutputStore:
             return False
         return self.part_info(shard, manifest) is not None
 
+    def _part_of(self, shard: str, manifest: dict | None) -> str:
+        """Where the shard's part is: the name its manifest records (an output written before
+        data/ records one at the top), else where this version writes it."""
+        return f"{self.root}/{(manifest or {}).get('part') or self.part_name(shard)}"
+
     def part_info(self, shard: str, manifest: dict | None = None) -> dict | None:
-        name = (manifest or {}).get("part") or self.part_name(shard)
         try:
-            return self.fs.info(f"{self.root}/{name}")
+            return self.fs.info(self._part_of(shard, manifest))
         except FileNotFoundError:
             return None
 
-    def read_part(self, shard: str) -> pa.Table:
-        path = self.part_path(shard)
-        if not self.fs.exists(path) and self.fs.exists(f"{self.root}/{self._legacy_name(shard)}"):
-            path = f"{self.root}/{self._legacy_name(shard)}"  # an output written before data/
-        with self.fs.open(path, "rb") as f:
+    def read_part(self, shard: str, manifest: dict | None = None) -> pa.Table:
+        with self.fs.open(self._part_of(shard, manifest), "rb") as f:
             return pq.read_table(f)
 
 

@@ -40,7 +40,7 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
     import fsspec
     import pyarrow.parquet as pq
 
-    from .job import JobRefused, check_paths, prepare
+    from .job import JobRefused, check_paths, pick_backend, prepare
     from .worker import needed_columns
 
     v = Validation()
@@ -73,13 +73,11 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
     distinct = {tuple(sorted(zip(sc.names, map(str, sc.types)))) for sc in schemas.values()}
     if len(distinct) > 1:
         v.notes.append(f"input files have {len(distinct)} different schemas; only the job's columns are read")
-    from ..engine.backend import choose_backend
-
     backend = None
     try:
-        backend, why = choose_backend(spec.model.backend, spec.model.draft.kind, gpu=spec.resources.gpus_per_actor > 0)
+        backend, why = pick_backend(spec)
         v.notes.append(f"backend: {backend} ({why})")
-    except ValueError as e:
+    except JobRefused as e:
         v.problems.append(str(e))
     if check_model:
         v.problems.extend(resolve_models(spec, backend or "hf", v.notes))
@@ -137,7 +135,7 @@ def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None =
                 continue
             config = AutoConfig.from_pretrained(path, trust_remote_code=m.trust_remote_code)
             if role == "target" and backend == "hf":
-                problem = serving_problem(config, m.draft.kind)
+                problem = serving_problem(config)
                 if problem:
                     problems.append(f"target model {source!r}: {problem}")
                 window = attention_window(config)

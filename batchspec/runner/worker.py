@@ -198,12 +198,12 @@ class ShardRunner:
     """Everything an actor keeps between shards: backend, policy (with its acceptance prior), store."""
 
     def __init__(self, spec: JobSpec, job_id: str, engine=None, calibrate: bool = True, backend: str | None = None):
-        from ..engine.backend import choose_backend, load_backend
+        from ..engine.backend import backend_for, load_backend
 
         self.spec, self.job_id = spec, job_id
         m = spec.model
         if engine is None:
-            backend = backend or choose_backend(m.backend, m.draft.kind, gpu=spec.resources.gpus_per_actor > 0)[0]
+            backend = backend or backend_for(spec)[0]
             engine = load_backend(backend, m, k_default=spec.speculation.num_speculative_tokens)
         self.engine = engine  # a backend: engine.Engine (hf) or vllm_backend.VLLMBackend
         self.store = OutputStore(spec.output.path, spec.output.storage_options)
