@@ -147,7 +147,7 @@ def _configurations(engine, model, tok, prompts, ids, config, cfg, bs) -> dict[s
         runs[f"batchspec spec k={k}"] = ours(True, lambda k=k: FixedK(k))
     runs["batchspec spec adaptive"] = ours(True, AdaptiveK)
     runs["transformers generate"] = hf()
-    if bs == 1 and engine.draft_module is not None:
+    if bs == 1 and engine.draft.kind in ("model", "quantized", "layer_skip"):  # a causal LM transformers can assist with
         runs["transformers assisted"] = hf(engine.draft_module)
     return runs
 

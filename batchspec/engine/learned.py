@@ -81,7 +81,9 @@ class EagleModel(nn.Module):
         super().__init__()
         from transformers import LlamaConfig, LlamaModel
 
-        cfg = LlamaConfig(**{**config.to_dict(), "num_hidden_layers": 1, "vocab_size": 1, "pad_token_id": None})
+        # vocab_size 1: the layer never embeds tokens itself (the target does), so no special ids either.
+        cfg = LlamaConfig(**{**config.to_dict(), "num_hidden_layers": 1, "vocab_size": 1, "pad_token_id": None,
+                             "bos_token_id": None, "eos_token_id": None})
         self.config = cfg
         self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=True)
         self.decoder = LlamaModel(cfg)
