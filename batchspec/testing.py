@@ -167,6 +167,25 @@ def build_model(
     return out_dir
 
 
+def build_repeater(out_dir: str | Path, tokenizer_dir: str | Path, size: str = "tiny") -> Path:
+    """A target that repeats its last token: no layer writes to the residual stream and the head
+    is the embedding (x10), so its logits favour the current token. Drafts that propose the token
+    again (build_learned_draft's copy_next) are then accepted at every position: tests reach the
+    full-acceptance paths, and can tell whether another engine reads a draft as batchspec does."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out_dir = Path(out_dir)
+    if (out_dir / "config.json").exists():
+        return out_dir
+    path = build_model(out_dir, "llama", tokenizer_dir, size=size, passthrough_from=0)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        model.lm_head.weight.copy_(model.model.embed_tokens.weight * 10)
+    model.save_pretrained(path)
+    return path
+
+
 def _sharpen(model) -> None:
     """Scale the output head so the random model's next-token distribution is peaked.
 
@@ -268,20 +287,67 @@ def lossless_cell(target_dir: str | Path, kind: str, prompts: list[str], max_new
 
 
 def build_learned_draft(out_dir: str | Path, target_dir: str | Path, kind: str, seed: int = 0,
-                        copy_next: bool = False, heads: int = 4) -> Path:
-    """A random Medusa (kind "medusa") or EAGLE ("eagle") draft for a target, saved in the
-    layout engine.learned reads. copy_next: instead of random weights, a draft that proposes the
-    target's own next token again (heads = the LM head; an EAGLE layer that passes the feature
+                        copy_next: bool = False, heads: int = 4, draft_vocab: int | None = None) -> Path:
+    """A random Medusa ("medusa"), EAGLE ("eagle") or EAGLE-3 ("eagle3") draft for a target, saved
+    in the layout engine.learned reads. copy_next: instead of random weights, a draft that proposes
+    the target's own next token again (heads = the LM head; an EAGLE layer that passes the feature
     through), which random targets that repeat themselves accept often, so tests reach every
-    acceptance path."""
+    acceptance path. draft_vocab (eagle3): a draft vocabulary of that many random target ids."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from .engine.learned import EagleModel, MedusaHeads, save_eagle, save_medusa
+    from .engine.learned import (Eagle3Model, EagleModel, MedusaHeads, default_feature_layers, save_eagle,
+                                 save_eagle3, save_medusa)
 
     out_dir = Path(out_dir)
     if (out_dir / "config.json").exists():
         return out_dir
+    target = AutoModelForCausalLM.from_pretrained(str(target_dir))
+    head = target.get_output_embeddings().weight
+    torch.manual_seed(seed)
+    if kind == "medusa":
+        module = MedusaHeads(head.shape[1], head.shape[0], heads)
+        with torch.no_grad():
+            for h in module.heads:
+                h[0].linear.weight.normal_(0, 0.02 if copy_next else 0.5)
+                h[-1].weight.copy_(head if copy_next else torch.randn_like(head) * head.std())
+        save_medusa(module, out_dir, str(target_dir))
+    elif kind == "eagle":
+        module = EagleModel(target.config.get_text_config())
+        if copy_next:
+            H = head.shape[1]
+            with torch.no_grad():
+                module.fc.weight.zero_()
+                module.fc.weight[:, H:] = torch.eye(H)
+                module.fc.bias.zero_()
+                layer = module.decoder.layers[0]
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+        save_eagle(module, out_dir, str(target_dir))
+    else:
+        cfg = target.config.get_text_config()
+        V, H = head.shape
+        n = cfg.num_hidden_layers
+        # copy_next reads only the last layer's output (fc = identity) and adds nothing to it.
+        layers = (n,) if copy_next else default_feature_layers(n)
+        cfg.draft_vocab_size = draft_vocab or V
+        module = Eagle3Model(cfg, V, layers)
+        ids = torch.arange(V) if draft_vocab is None else torch.randperm(V)[:draft_vocab].sort().values
+        with torch.no_grad():
+            module.d2t.copy_(ids - torch.arange(len(ids)))
+            if copy_next:
+                module.fc.weight.copy_(torch.eye(H))
+                layer = module.decoder.layers[0]
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+                final_norm = target.get_decoder().norm
+                module.norm.weight.copy_(final_norm.weight)
+                module.norm.variance_epsilon = final_norm.variance_epsilon
+                module.lm_head.weight.copy_(head[ids])
+            else:
+                module.lm_head.weight.copy_(torch.randn(len(ids), H) * head.std())
+        save_eagle3(module, out_dir, str(target_dir))
+    return out_dir
     target = AutoModelForCausalLM.from_pretrained(str(target_dir))
     head = target.get_output_embeddings().weight
     torch.manual_seed(seed)

@@ -8,26 +8,17 @@ import torch
 
 from batchspec.engine import DraftSpec, Engine, SamplingParams
 
-KINDS = ("medusa", "eagle")
+KINDS = ("medusa", "eagle", "eagle3")
 
 
 @pytest.fixture(scope="module")
 def repeater(models_dir, tmp_path_factory):
-    """A target that repeats its last token: no layer writes to the residual stream and the head
-    is the embedding, so its logits favour the current token. The copying drafts below are then
-    accepted at every position, which takes the engine through full acceptance (n = k, the bonus
-    token) for both kinds; the random target and drafts take it through rejections."""
-    from transformers import AutoModelForCausalLM
+    """A target that repeats its last token (testing.build_repeater). The copying drafts below are
+    accepted at every position on it, which takes the engine through full acceptance (n = k, the
+    bonus token) for every kind; the random target and drafts take it through rejections."""
+    from batchspec.testing import build_repeater
 
-    from batchspec.testing import build_model
-
-    path = build_model(tmp_path_factory.mktemp("rep") / "repeater", "llama", models_dir / "tokenizer",
-                       passthrough_from=0)
-    model = AutoModelForCausalLM.from_pretrained(path)
-    with torch.no_grad():
-        model.lm_head.weight.copy_(model.model.embed_tokens.weight * 10)
-    model.save_pretrained(path)
-    return path
+    return build_repeater(tmp_path_factory.mktemp("rep") / "repeater", models_dir / "tokenizer")
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +27,11 @@ def drafts(models_dir, repeater, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("learned")
     targets = {False: models_dir / "llama-target", True: repeater}
-    return {(kind, copy): (targets[copy], build_learned_draft(root / f"{kind}-{copy}", targets[copy], kind,
-                                                               copy_next=copy))
-            for kind in KINDS for copy in (False, True)}
+    # The random EAGLE-3 draft has a draft vocabulary of half the target's ids (d2t), as published ones do.
+    return {(kind, copy): (targets[copy], build_learned_draft(
+        root / f"{kind}-{copy}", targets[copy], kind, copy_next=copy,
+        draft_vocab=256 if kind == "eagle3" and not copy else None))
+        for kind in KINDS for copy in (False, True)}
 
 
 def _engine(pair, kind):
@@ -290,3 +283,81 @@ def test_validate_accepts_learned_drafts_and_names_a_wrong_one():
         assert resolve_models(spec) == []
     wrong = load_spec(job, ["model.draft.kind=medusa", f"model.draft.path={repo / 'models/legal-eagle'}"])
     assert any("not a Medusa checkpoint" in p for p in resolve_models(wrong))
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_eagle3_reads_the_inputs_of_the_named_layers(models_dir, family):
+    """EAGLE-3's features are the hidden states entering layers i (index n: the last layer's output
+    before the final norm), numbered as vLLM and the reference number them: equal to transformers'
+    own hidden_states[i] for i < n, and the final norm's input for n."""
+    from transformers import AutoModelForCausalLM
+
+    from batchspec.engine import cache as kv
+    from batchspec.engine.models import decoder_layers
+
+    model = AutoModelForCausalLM.from_pretrained(models_dir / f"{family}-target").eval()
+    n = model.config.num_hidden_layers
+    ids, mask = kv.left_pad([[5, 6, 7, 8], [9, 10]], 0, "cpu")
+    pos = (mask.cumsum(1) - 1).clamp_min(0)  # as kv.forward numbers a left-padded row
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True).hidden_states
+        _, _, feats = kv.forward_with_features(model, kv.empty_state(2, "cpu"), ids, mask, layers=(0, 1, n))
+        last = []
+        holder, name = decoder_layers(model)
+        hook = getattr(holder, name)[-1].register_forward_hook(lambda _m, _a, out: last.append(
+            out[0] if isinstance(out, tuple) else out))
+        model(input_ids=ids, attention_mask=mask, position_ids=pos)
+        hook.remove()
+    H = model.config.hidden_size
+    assert feats.shape == (2, 4, 3 * H)
+    assert torch.allclose(feats[..., :H], ref[0]) and torch.allclose(feats[..., H:2 * H], ref[1])
+    assert torch.allclose(feats[..., 2 * H:], last[0])
+
+
+def test_eagle3_reference_layout_and_vocabulary_map(repeater, drafts, tmp_path):
+    """An EAGLE-3 checkpoint as the reference publishes it: pytorch_model.bin with midlayer.*, d2t
+    offsets and t2d, no layer ids in the config (the default low/middle/high layers); its draft
+    ids map to the target's through d2t; a d2t that points past the target's vocabulary and a
+    checkpoint of the wrong kind are clear errors."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from batchspec.engine import ModelLoadError
+    from batchspec.engine.learned import default_feature_layers
+
+    target, path = drafts[("eagle3", False)]
+    ref = tmp_path / "eagle3-ref"
+    ref.mkdir()
+    state = load_file(str(path / "model.safetensors"))
+    assert {"fc.weight", "d2t", "t2d", "lm_head.weight", "norm.weight", "midlayer.hidden_norm.weight"} <= set(state)
+    assert state["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * state["norm.weight"].shape[0]
+    torch.save(state, ref / "pytorch_model.bin")
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 256
+    del cfg["eagle_config"]
+    (ref / "config.json").write_text(json.dumps(cfg))
+    engine = Engine.load(str(target), DraftSpec(kind="eagle3", path=str(ref)))
+    module = engine.draft_module
+    n = engine.target.model.config.num_hidden_layers
+    assert module.feature_layers == default_feature_layers(n)
+    ids = torch.arange(256) + module.d2t
+    assert bool(state["t2d"][ids].all()) and int(state["t2d"].sum()) == 256
+    logits = module.to_target(torch.randn(3, 256))
+    assert torch.isinf(logits).sum(-1).tolist() == [logits.shape[-1] - 256] * 3
+    assert torch.equal(logits.argmax(-1), ids[logits[:, ids].argmax(-1)])
+    rows = engine.tokenize(["the lease", "a", "the tenant shall pay"])
+    plain, _ = engine.generate(rows, max_new_tokens=16, speculate=False)
+    spec, _ = engine.generate(rows, max_new_tokens=16, speculate=True, draft_length=3)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert sum(o.stats.draft_tokens for o in spec) > 0
+
+    bad = tmp_path / "bad-d2t"
+    shutil.copytree(ref, bad)
+    state["d2t"] = state["d2t"] + 10_000
+    torch.save(state, bad / "pytorch_model.bin")
+    with pytest.raises(ModelLoadError, match="d2t maps draft ids past"):
+        Engine.load(str(target), DraftSpec(kind="eagle3", path=str(bad)))
+    with pytest.raises(ModelLoadError, match="not an EAGLE-3 checkpoint"):
+        Engine.load(str(target), DraftSpec(kind="eagle3", path=str(drafts[("eagle", False)][1])))

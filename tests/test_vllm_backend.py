@@ -33,7 +33,8 @@ def test_choose_backend_says_why_and_refuses_in_one_line(monkeypatch):
     with pytest.raises(ValueError, match="no 'layer_skip' draft; use model.backend: hf"):
         choose_backend("vllm", "layer_skip")
     with pytest.raises(ValueError, match="runs on the vllm backend only"):
-        choose_backend("hf", "eagle3")
+        choose_backend("hf", "mtp")
+    assert choose_backend("hf", "eagle3")[0] == "hf"
     assert choose_backend("auto", "eagle")[0] == "hf"  # batchspec's own layout; vLLM on request
     assert choose_backend("vllm", "medusa")[0] == "vllm"
     monkeypatch.setattr(backend, "vllm_installed", lambda: False)
@@ -41,7 +42,8 @@ def test_choose_backend_says_why_and_refuses_in_one_line(monkeypatch):
     with pytest.raises(ValueError, match="not installed"):
         choose_backend("vllm", "model")
     with pytest.raises(ValueError, match="needs the vllm backend"):
-        choose_backend("auto", "eagle3")
+        choose_backend("auto", "mtp")
+    assert choose_backend("auto", "eagle3") == ("hf", "auto: vLLM is not installed")
     assert choose_backend("auto", "medusa") == ("hf", "auto: vLLM is not installed")
 
 
@@ -248,3 +250,43 @@ def test_auto_policy_on_vllm_probes_then_decides_each_shard(vllm_backend, tmp_pa
                                                   key=lambda r: r["row_index"])]
     assert [r["completion"] for r in rows] == hf_reference[1]
     assert all(r["spec_enabled"] and r["num_speculative_tokens"] == first[1]["k"] for r in rows)
+
+
+def test_vllm_reads_batchspec_eagle3_checkpoints_as_batchspec_does(tmp_path_factory):
+    """An EAGLE-3 draft saved by batchspec (the reference layout, with a draft vocabulary of half the
+    target's ids) handed to vLLM's eagle3 method: greedy rows equal the hf engine's, and vLLM accepts
+    exactly what batchspec's engine accepts. The target repeats its last token and the draft copies
+    it, so a row's every proposal is accepted when its token is in the draft vocabulary and none
+    when it is not: a layout read differently (layer ids, d2t, norms, fc) would show at once.
+    A 128-wide target: vLLM's CPU attention needs head_dim >= 32."""
+    _require_vllm()
+    import gc
+
+    import torch
+
+    from batchspec.engine import DraftSpec, Engine
+    from batchspec.engine.backend import load_backend
+    from batchspec.testing import build_learned_draft, build_repeater, build_tokenizer
+
+    root = tmp_path_factory.mktemp("eagle3-vllm")
+    target = build_repeater(root / "repeater", build_tokenizer(root / "tokenizer"), size="small")
+    draft = build_learned_draft(root / "eagle3", target, "eagle3", copy_next=True, draft_vocab=256)
+    hf = Engine.load(str(target), DraftSpec(kind="eagle3", path=str(draft)))
+    in_vocab = set((torch.arange(256) + hf.draft_module.d2t).tolist())
+    lasts = [t for t in range(20, 200) if t in in_vocab][:4] + [t for t in range(20, 200) if t not in in_vocab][:2]
+    rows = [[7, 9, 11, t] for t in lasts]
+    plain, _ = hf.generate(rows, 16, speculate=False)
+    ours, _ = hf.generate(rows, 16, speculate=True, draft_length=3)
+    spec = load_spec(DEMO_JOB, [f"model.target={target}", "model.backend=vllm", "model.draft.kind=eagle3",
+                                f"model.draft.path={draft}"])
+    backend = load_backend("vllm", spec.model, k_default=3)
+    try:
+        theirs, _ = backend.generate(rows, 16, speculate=True, draft_length=3)
+    finally:
+        del backend
+        gc.collect()
+    assert [o.token_ids for o in theirs] == [o.token_ids for o in ours] == [o.token_ids for o in plain]
+    for o, mine, last in zip(theirs, ours, lasts):
+        for s in (o.stats, mine.stats):
+            assert s.draft_tokens > 0
+            assert s.accepted_tokens == (s.draft_tokens if last in in_vocab else 0), (last, s)

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import importlib.util
 
-HF_DRAFT_KINDS = ("model", "quantized", "layer_skip", "ngram", "medusa", "eagle", "none")
-LEARNED_KINDS = ("medusa", "eagle")  # drafts that read the target's features (engine/learned.py)
+HF_DRAFT_KINDS = ("model", "quantized", "layer_skip", "ngram", "medusa", "eagle", "eagle3", "none")
+LEARNED_KINDS = ("medusa", "eagle", "eagle3")  # drafts that read the target's features (engine/learned.py)
 # vLLM's own methods. "quantized" (the target's checkpoint as its own draft, quantized to fp8 as vLLM
 # loads it) is served on GPU only: vLLM's CPU build has no online weight quantization. layer_skip
 # has no vLLM method.

@@ -76,13 +76,59 @@ def capture_head_input(model: torch.nn.Module):
         hook.remove()
 
 
+@contextlib.contextmanager
+def capture_layer_inputs(model: torch.nn.Module, layers: tuple[int, ...]):
+    """Collect the hidden states entering decoder layers `layers` during the block (index n, one
+    past the last layer, is the last layer's output before the final norm): EAGLE-3's fused
+    low/middle/high features, numbered as its reference implementation and vLLM number them.
+    Yields a function returning the last forward's states concatenated in the given order,
+    [B, T, len(layers) * H]."""
+    from .models import decoder_layers
+
+    holder, name = decoder_layers(model)
+    blocks = getattr(holder, name)
+    found: dict[int, torch.Tensor] = {}
+
+    def grab_input(i):
+        return lambda _m, args, kwargs: found.__setitem__(i, args[0] if args else kwargs["hidden_states"])
+
+    def grab_output(i):
+        return lambda _m, _args, _kwargs, out: found.__setitem__(i, out[0] if isinstance(out, tuple) else out)
+
+    hooks = []
+    for i in layers:
+        if not 0 <= i <= len(blocks):
+            raise ValueError(f"feature layer {i} outside the target's 0..{len(blocks)}")
+        hooks.append(blocks[i].register_forward_pre_hook(grab_input(i), with_kwargs=True) if i < len(blocks)
+                     else blocks[-1].register_forward_hook(grab_output(i), with_kwargs=True))
+    try:
+        yield lambda: torch.cat([found[i] for i in layers], -1)
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@contextlib.contextmanager
+def capture_features(model: torch.nn.Module, layers: tuple[int, ...] | None = None):
+    """The features a learned draft reads: the LM head's input (layers None) or the inputs of the
+    given decoder layers. Yields a function returning the last forward's [B, T, F]."""
+    if layers:
+        with capture_layer_inputs(model, layers) as features:
+            yield features
+    else:
+        with capture_head_input(model) as captured:
+            yield lambda: captured[-1]
+
+
 def forward_with_features(
     model: torch.nn.Module, state: KVState, input_ids: torch.Tensor, input_mask: torch.Tensor,
+    layers: tuple[int, ...] | None = None,
 ) -> tuple[torch.Tensor, KVState, torch.Tensor]:
-    """forward() for every position, plus the features the LM head read ([B, T, H])."""
-    with capture_head_input(model) as captured:
+    """forward() for every position, plus the features a learned draft reads ([B, T, F]; see
+    capture_features)."""
+    with capture_features(model, layers) as features:
         logits, state = forward(model, state, input_ids, input_mask)
-    return logits, state, captured[-1]
+    return logits, state, features()
 
 
 def forward_tree(

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from . import cache as kv
-from .models import ModelLoadError
+from .models import ModelLoadError, decoder_layers
 from .sampling import DRAFT, SamplingParams, logits_to_probs, sample_from
 
 
@@ -177,23 +177,13 @@ def check_tokenizers_compatible(target_tok, draft_tok, draft_source: str) -> Non
         )
 
 
-def _decoder_layers(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
-    """(module holding the decoder layer list, attribute name): model.model.layers, transformer.h, ..."""
-    n = model.config.get_text_config().num_hidden_layers
-    for module in model.modules():
-        for name, child in module.named_children():
-            if isinstance(child, torch.nn.ModuleList) and len(child) == n:
-                return module, name
-    raise ModelLoadError(f"cannot find the decoder layers of {type(model).__name__} for a layer_skip draft")
-
-
 def layer_skip_view(model: torch.nn.Module, layers: int) -> torch.nn.Module:
     """The target's first `layers` decoder layers plus its final norm and head, sharing weights
     (self-speculation as in LayerSkip / Draft & Verify; no extra memory but the draft's KV cache)."""
     total = model.config.get_text_config().num_hidden_layers
     if not 1 <= layers < total:
         raise ModelLoadError(f"layer_skip layers must be between 1 and {total - 1} for this target, got {layers}")
-    holder, name = _decoder_layers(model)
+    holder, name = decoder_layers(model)
     # Shallow copies of every module on the path from the root to the layer list, so the target
     # keeps its own full list while both share the same parameters.
     path = _path_to(model, holder)

@@ -10,20 +10,20 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend import LEARNED_KINDS
+from .backend import HF_DRAFT_KINDS, LEARNED_KINDS
 from .drafts import ModelDraft, NgramDraft, check_tokenizers_compatible, layer_skip_view, quantized_copy
 from .generate import AdaptiveK, BatchResult, DraftLength, FixedK, GenerationConfig, RowStats, generate
 from .models import (LoadedModel, ModelLoadError, attention_window, context_length, encode_prompts, eos_token_ids,
                      load_model, serving_problem)
 from .sampling import RowRandom, SamplingParams
 
-DRAFT_KINDS = ("model", "quantized", "layer_skip", "ngram", "medusa", "eagle", "none")
+DRAFT_KINDS = HF_DRAFT_KINDS
 
 
 @dataclass(frozen=True)
 class DraftSpec:
     kind: str = "quantized"  # one of DRAFT_KINDS
-    path: str | None = None  # kind=model, medusa, eagle: hub id, local dir or s3:// prefix
+    path: str | None = None  # kind=model, medusa, eagle, eagle3: hub id, local dir or s3:// prefix
     bits: int = 8  # kind=quantized
     layers: int | None = None  # kind=layer_skip; default: a quarter of the target's layers
     max_ngram: int = 3  # kind=ngram: longest suffix looked up
@@ -85,11 +85,11 @@ class Engine:
         elif draft.kind == "ngram":
             source = f"ngram (max {draft.max_ngram})"
         elif draft.kind in LEARNED_KINDS:
-            from .learned import load_eagle, load_medusa
+            from .learned import load_eagle, load_eagle3, load_medusa
 
             if not draft.path:
                 raise ModelLoadError(f"draft kind '{draft.kind}' needs draft.path (its checkpoint)")
-            load = load_medusa if draft.kind == "medusa" else load_eagle
+            load = {"medusa": load_medusa, "eagle": load_eagle, "eagle3": load_eagle3}[draft.kind]
             module, source = load(draft.path, loaded.model, storage_options), draft.path
         return cls(loaded, draft, module, source)
 
@@ -266,7 +266,8 @@ def measure_costs(engine: Engine, batch_size: int, ks: tuple[int, ...] = (1, 2, 
     if engine.draft.kind in LEARNED_KINDS:
         # Learned drafts read the target's features: time the proposer itself, 4 tokens a call.
         proposer = engine.new_proposer()
-        _, _, feats = kv.forward_with_features(target, kv.empty_state(batch_size, engine.device), ids, ones)
+        _, _, feats = kv.forward_with_features(target, kv.empty_state(batch_size, engine.device), ids, ones,
+                                               proposer.feature_layers)
         rows, first = ids.tolist(), [0] * batch_size
         out["draft_prefill_token_s"] = timed(lambda: proposer.prefill(rows, first, engine.device, features=feats)) \
             / prompt_tokens

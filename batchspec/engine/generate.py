@@ -161,9 +161,11 @@ def generate(
     ids, mask = kv.left_pad(prompts, config.pad_token_id, device)
     state = kv.empty_state(B, device)
     # Learned drafts (Medusa, EAGLE) draft from the target's features: every pass then returns them.
+    # EAGLE-3 reads the inputs of a few decoder layers instead of the LM head's (feature_layers).
     features = proposer is not None and getattr(proposer, "needs_features", False)
+    layers = getattr(proposer, "feature_layers", None)
     if features:
-        logits, state, feats = kv.forward_with_features(model, state, ids, mask)
+        logits, state, feats = kv.forward_with_features(model, state, ids, mask, layers)
         logits = logits[:, -1:]
     else:
         logits, state = kv.forward(model, state, ids, mask, last_only=True)  # [B, 1, V]
@@ -242,7 +244,8 @@ def generate(
                                                                      lengths)
         else:
             if features:
-                logits, state, feats = kv.forward_with_features(model, state, step_ids, torch.ones_like(step_ids))
+                logits, state, feats = kv.forward_with_features(model, state, step_ids, torch.ones_like(step_ids),
+                                                                layers)
             else:
                 logits, state = kv.forward(model, state, step_ids, torch.ones_like(step_ids))  # [B, k+1, V]
             if k == 0:

@@ -8,9 +8,15 @@
             feature f_{t+1}; the target's own LM head turns it into a token, and the predicted
             feature feeds the next step (Li et al. 2024, "EAGLE"). Drafting runs in feature space,
             k small steps per round.
+    eagle3  the same drafting loop over a fused feature: fc over the hidden states entering three
+            of the target's layers (low, middle, high), one decoder layer whose attention reads
+            [norm(embed(x_{t+1})); norm(h)], its own LM head over a smaller draft vocabulary mapped
+            to the target's ids, and its own output fed back as the next h (Li et al. 2025,
+            "EAGLE-3"). No feature regression: it is trained on tokens only.
 
-Both read features from passes the target makes anyway (prefill and verification, captured at
-the LM head's input by cache.forward_with_features): no extra target pass.
+All read features from passes the target makes anyway (prefill and verification, captured at the
+LM head's input, or at the chosen layers' inputs for eagle3, by cache.forward_with_features): no
+extra target pass.
 
 Checkpoint layouts (what `draft.path` points at; a local dir, an s3:// prefix or a hub id):
 
@@ -22,6 +28,12 @@ Checkpoint layouts (what `draft.path` points at; a local dir, an s3:// prefix or
             pytorch_model.bin: batchspec's layout (fc.*, decoder.*: one LlamaDecoderLayer and a
             final norm), or the EAGLE reference's (fc.*, layers.0.* with no input norm, no final
             norm; its embed_tokens is the target's and is not read).
+    eagle3  the EAGLE-3 reference's layout, which vLLM reads too: config.json (a Llama config with
+            draft_vocab_size and optionally eagle_aux_hidden_state_layer_ids, top level or under
+            eagle_config; default layers 2, n/2, n-3 as vLLM) + model.safetensors or
+            pytorch_model.bin with fc.*, midlayer.* (q/k/v over 2x the width, hidden_norm), norm.*,
+            lm_head.*, d2t (draft id -> target id offset), t2d; embed_tokens.* if present,
+            otherwise the target's embedding.
 
 Verification is the engine's usual chain (greedy or rejection sampling), so output is exact
 whatever the heads propose.
@@ -97,6 +109,12 @@ class EagleModel(nn.Module):
         self.features: torch.Tensor | None = None  # [B, T, H] fed with the next forward's input_ids
         self.last_hidden: torch.Tensor | None = None
 
+    feature_layers = None  # reads the LM head's input
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's features as this model's input (EAGLE-1 reads them as they are)."""
+        return features
+
     def attach(self, target: nn.Module) -> "EagleModel":
         # Plain attributes, not submodules: the target's weights stay out of this module's state.
         object.__setattr__(self, "embed", target.get_input_embeddings())
@@ -122,6 +140,106 @@ class EagleModel(nn.Module):
         return _Out(self.lm_head(keep))
 
 
+class Eagle3Layer(nn.Module):
+    """EAGLE-3's decoder layer: a Llama layer whose attention reads [norm(embedding); norm(h)]
+    (twice the width) and whose residual is h. Called by LlamaModel like any layer, with the
+    embedding and h concatenated as its hidden states."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
+
+        base = LlamaDecoderLayer(cfg, layer_idx=0)
+        H, heads, kv_heads = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
+        head_dim = getattr(cfg, "head_dim", None) or H // heads
+        bias = getattr(cfg, "attention_bias", False)
+        base.self_attn.q_proj = nn.Linear(2 * H, heads * head_dim, bias=bias)
+        base.self_attn.k_proj = nn.Linear(2 * H, kv_heads * head_dim, bias=bias)
+        base.self_attn.v_proj = nn.Linear(2 * H, kv_heads * head_dim, bias=bias)
+        self.self_attn, self.mlp = base.self_attn, base.mlp
+        self.input_layernorm, self.post_attention_layernorm = base.input_layernorm, base.post_attention_layernorm
+        self.hidden_norm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
+        self.H = H
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
+                position_embeddings=None, **kwargs):
+        embeds, h = hidden_states[..., : self.H], hidden_states[..., self.H:]
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(h)], -1)
+        x, _ = self.self_attn(hidden_states=x, attention_mask=attention_mask, position_ids=position_ids,
+                              past_key_values=past_key_values, use_cache=use_cache,
+                              position_embeddings=position_embeddings, **kwargs)
+        h = h + x
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def default_feature_layers(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low, middle and high layers when a checkpoint names none (vLLM's default)."""
+    return tuple(sorted({2, num_layers // 2, num_layers - 3} & set(range(num_layers + 1)))) or (num_layers,)
+
+
+class Eagle3Model(nn.Module):
+    """fc over the target's fused layer features, one Eagle3Layer, a norm and a draft-vocabulary
+    LM head; d2t maps a draft id i to target id i + d2t[i]. The token embedding is the target's
+    unless the checkpoint carries one."""
+
+    def __init__(self, config, target_vocab: int, feature_layers: tuple[int, ...], target_hidden: int | None = None):
+        super().__init__()
+        from transformers import LlamaConfig, LlamaModel
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+        cfg = LlamaConfig(**{**config.to_dict(), "num_hidden_layers": 1, "vocab_size": 1, "pad_token_id": None,
+                             "bos_token_id": None, "eos_token_id": None})
+        self.config = cfg
+        H = cfg.hidden_size
+        self.feature_layers = tuple(sorted(feature_layers))
+        self.draft_vocab = int(getattr(config, "draft_vocab_size", None) or target_vocab)
+        self.target_vocab = target_vocab
+        self.fc = nn.Linear(len(self.feature_layers) * (target_hidden or H), H, bias=False)
+        self.decoder = LlamaModel(cfg)
+        self.decoder.layers[0] = Eagle3Layer(cfg)
+        self.decoder.norm = nn.Identity()  # the output before the norm feeds the next step
+        self.norm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(H, self.draft_vocab, bias=False)
+        self.register_buffer("d2t", torch.zeros(self.draft_vocab, dtype=torch.long))
+        self.own_embed: nn.Embedding | None = None
+        self.embed: nn.Module | None = None
+        self.features: torch.Tensor | None = None
+        self.last_hidden: torch.Tensor | None = None
+
+    def attach(self, target: nn.Module) -> "Eagle3Model":
+        object.__setattr__(self, "embed", self.own_embed if self.own_embed is not None else target.get_input_embeddings())
+        return self
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        return self.fc(features.to(self.fc.weight.dtype))
+
+    def predict(self, input_ids, hidden, attention_mask=None, position_ids=None, past_key_values=None,
+                use_cache=False) -> torch.Tensor:
+        """The layer's output [B, T, H] (before the norm) for pairs (hidden[:, t], input_ids[:, t]):
+        hidden is fuse(target features) or the layer's own previous output."""
+        x = torch.cat([self.embed(input_ids).to(hidden.dtype), hidden], -1)
+        return self.decoder(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids,
+                            past_key_values=past_key_values, use_cache=use_cache).last_hidden_state
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden))
+
+    def to_target(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [..., Vd] -> target-vocabulary logits [..., V], -inf elsewhere."""
+        if self.draft_vocab == self.target_vocab and not bool(self.d2t.any()):
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.target_vocab), float("-inf"))
+        full[..., torch.arange(self.draft_vocab, device=logits.device) + self.d2t] = logits
+        return full
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True,
+                logits_to_keep=0, **_):
+        hidden = self.predict(input_ids, self.features, attention_mask, position_ids, past_key_values, use_cache)
+        self.last_hidden = hidden
+        keep = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+        return _Out(self.to_target(self.draft_logits(keep)))
+
+
 class _Out:
     def __init__(self, logits):
         self.logits = logits
@@ -132,6 +250,7 @@ class MedusaDraft:
 
     kind = "medusa"
     needs_features = True
+    feature_layers = None
 
     def __init__(self, heads: MedusaHeads, vocab_size: int, tree_width: int = 1):
         self.heads, self.vocab_size, self.tree_width = heads, vocab_size, tree_width
@@ -163,16 +282,17 @@ class MedusaDraft:
 
 
 class EagleDraft:
-    """Proposer over EagleModel. Its cache holds one entry per (target feature f_t, token x_{t+1})
+    """Proposer over EagleModel or Eagle3Model. Its cache holds one entry per (target feature f_t, token x_{t+1})
     pair whose feature the target really computed; each round feeds the pairs verification just
     produced, then drafts on its own predicted features, and forgets those speculative entries
     afterwards (they were built on predictions, not on the target's features)."""
 
-    kind = "eagle"
     needs_features = True
 
-    def __init__(self, model: EagleModel, vocab_size: int, pad_id: int):
+    def __init__(self, model: "EagleModel | Eagle3Model", vocab_size: int, pad_id: int):
         self.model, self.vocab_size, self.pad_id = model, vocab_size, pad_id
+        self.kind = "eagle3" if isinstance(model, Eagle3Model) else "eagle"
+        self.feature_layers = model.feature_layers
         self.state: kv.KVState | None = None
         self.unfed_feats: list[torch.Tensor] = []  # per row [n, H]
         self.unfed_toks: list[list[int]] = []
@@ -185,10 +305,11 @@ class EagleDraft:
         following = torch.cat([ids[:, 1:], first], 1)  # the token after each position
         self.state = kv.empty_state(len(prompts), device)
         # Every pair but the last now; the last (f_{P-1}, first token) starts the first round.
+        features = self.model.fuse(features)
         if ids.shape[1] > 1:
             self.model.features = features[:, :-1]
             _, self.state = kv.forward(self.model, self.state, following[:, :-1], mask[:, :-1], last_only=True)
-        self.unfed_feats = [features[b, -1:] for b in range(len(prompts))]
+        self.unfed_feats = [features[b, -1:] for b in range(len(prompts))]  # fused
         self.unfed_toks = [[t] for t in first_tokens]
 
     @torch.inference_mode()
@@ -219,10 +340,12 @@ class EagleDraft:
         self._W, self._k = W, k
         return Proposal(torch.stack(tokens, 1), lengths, torch.stack(probs, 1) if probs else None)
 
+    @torch.inference_mode()
     def accept(self, n_accepted: list[int], emitted: list[list[int]], proposed: bool, features: torch.Tensor) -> None:
-        """features [B, k+1, H]: the target's features at [pending, d1 .. dk]. Column j is followed
+        """features [B, k+1, F]: the target's features at [pending, d1 .. dk]. Column j is followed
         by emitted[b][j] (the next accepted draft token, or the target's own token after the last)."""
         B = len(emitted)
+        features = self.model.fuse(features)
         if proposed:
             spec_cols = self._k - 1
             if spec_cols > 0:  # drop every entry built on predicted features
@@ -349,3 +472,81 @@ def save_eagle(model: EagleModel, out: Path, base: str) -> None:
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     state = {k: v.contiguous() for k, v in model.state_dict().items() if not k.startswith("decoder.embed_tokens")}
     save_file(state, str(out / "model.safetensors"))
+
+
+EAGLE3_ARCH = "LlamaForCausalLMEagle3"
+
+
+def load_eagle3(source: str, target: nn.Module, storage_options: dict | None = None) -> Eagle3Model:
+    """The EAGLE-3 reference layout (the module docstring), as its published checkpoints and vLLM
+    have it: midlayer.* (or layers.0.*), fc.*, norm.*, lm_head.*, d2t, t2d, optional embed_tokens."""
+    from transformers import LlamaConfig
+
+    folder = _local_dir(source, storage_options)
+    config = LlamaConfig.from_pretrained(folder)
+    head = target.get_output_embeddings().weight
+    n_layers = target.config.get_text_config().num_hidden_layers
+    layers = getattr(config, "eagle_aux_hidden_state_layer_ids", None) \
+        or (getattr(config, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids") \
+        or default_feature_layers(n_layers)
+    if any(not 0 <= i <= n_layers for i in layers):
+        raise ModelLoadError(f"{source}: EAGLE-3 feature layers {list(layers)} outside the target's 0..{n_layers}")
+    target_hidden = getattr(config, "target_hidden_size", None) or config.hidden_size
+    if target_hidden != head.shape[1]:
+        raise ModelLoadError(f"{source}: EAGLE-3 draft for features of width {target_hidden}, but the target's have "
+                             f"{head.shape[1]}")
+    weights = _state_dict(folder, ("model", "pytorch_model"))
+    if "fc.weight" not in weights or not any(k.startswith(("midlayer.", "layers.0.")) for k in weights):
+        raise ModelLoadError(f"{source}: not an EAGLE-3 checkpoint (needs fc.* and midlayer.* or layers.0.*)")
+    renamed = {}
+    for k, v in weights.items():
+        if k.startswith(("midlayer.", "layers.0.")):
+            renamed["decoder.layers.0." + k.split(".", 2 if k.startswith("layers.") else 1)[-1]] = v
+        elif k != "t2d":
+            renamed[k] = v
+    model = Eagle3Model(config, head.shape[0], tuple(layers), target_hidden)
+    if "embed_tokens.weight" in renamed:
+        model.own_embed = nn.Embedding.from_pretrained(renamed.pop("embed_tokens.weight"))
+    if "d2t" not in renamed:
+        renamed["d2t"] = torch.zeros(model.draft_vocab, dtype=torch.long)
+    missing, unexpected = model.load_state_dict(renamed, strict=False)
+    missing = [m for m in missing if not m.startswith("decoder.embed_tokens")]
+    if missing or unexpected:
+        raise ModelLoadError(f"{source}: EAGLE-3 weights do not match its config (missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]})")
+    if int((torch.arange(model.draft_vocab) + model.d2t).max()) >= head.shape[0]:
+        raise ModelLoadError(f"{source}: d2t maps draft ids past the target's {head.shape[0]}-token vocabulary")
+    return model.to(device=head.device, dtype=head.dtype).eval().attach(target)
+
+
+def save_eagle3(model: Eagle3Model, out: Path, base: str) -> None:
+    """The reference layout, readable by load_eagle3 and by vLLM's eagle3 method."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
+            "rms_norm_eps", "max_position_embeddings", "rope_parameters", "rope_theta", "rope_scaling",
+            "attention_bias", "mlp_bias", "dtype")
+    cfg = {k: v for k, v in model.config.to_dict().items() if k in keep}
+    cfg.update({"architectures": [EAGLE3_ARCH], "model_type": "llama", "num_hidden_layers": 1,
+                "vocab_size": model.target_vocab, "draft_vocab_size": model.draft_vocab, "tie_word_embeddings": False,
+                "target_hidden_size": model.fc.weight.shape[1] // len(model.feature_layers),
+                # Under eagle_config: vLLM reads the layer count only there.
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(model.feature_layers)},
+                "batchspec_draft": "eagle3", "base_model_name_or_path": base})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    state = {}
+    for k, v in model.state_dict().items():
+        if k.startswith("decoder.layers.0."):
+            state["midlayer." + k.removeprefix("decoder.layers.0.")] = v
+        elif k == "own_embed.weight":
+            state["embed_tokens.weight"] = v
+        elif not k.startswith("decoder."):
+            state[k] = v
+    if model.draft_vocab == model.target_vocab:
+        del state["d2t"]  # the identity map: vLLM refuses a d2t then
+    else:
+        t2d = torch.zeros(model.target_vocab, dtype=torch.bool)
+        t2d[torch.arange(model.draft_vocab) + model.d2t.cpu()] = True
+        state["t2d"] = t2d
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"))

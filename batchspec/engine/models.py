@@ -182,6 +182,16 @@ def load_model(
     return LoadedModel(model=model, tokenizer=tokenizer, source=source, local_path=str(path))
 
 
+def decoder_layers(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
+    """(module holding the decoder layer list, attribute name): model.model.layers, transformer.h, ..."""
+    n = model.config.get_text_config().num_hidden_layers
+    for module in model.modules():
+        for name, child in module.named_children():
+            if isinstance(child, torch.nn.ModuleList) and len(child) == n:
+                return module, name
+    raise ModelLoadError(f"cannot find the decoder layers of {type(model).__name__}")
+
+
 def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
     """Token ids of each prompt, with the tokenizer's special tokens unless the text already starts
     with BOS (a chat template that emits it: Llama 3, Mistral), which would otherwise be doubled."""
