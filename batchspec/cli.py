@@ -208,8 +208,8 @@ def validate(
 def bench(
     quick: bool = typer.Option(False, help="Tiny pair, few tokens: a smoke test of the benchmark itself."),
     target: Optional[str] = typer.Option(None, help="Target checkpoint (default: a locally built ~110M Llama)."),
-    draft: str = typer.Option("quantized", help="Draft kind: quantized, model, layer_skip, ngram, medusa or eagle."),
-    draft_path: Optional[str] = typer.Option(None, help="Draft checkpoint for --draft model, medusa or eagle."),
+    draft: str = typer.Option("quantized", help="Draft kind: quantized, model, layer_skip, ngram, medusa, eagle or eagle3."),
+    draft_path: Optional[str] = typer.Option(None, help="Draft checkpoint for --draft model, medusa, eagle or eagle3."),
     batch_sizes: str = typer.Option("1,4,16", help="Comma-separated batch sizes."),
     max_new_tokens: int = typer.Option(64, help="Tokens generated per row."),
     repeats: int = typer.Option(2, help="Interleaved repetitions per configuration."),

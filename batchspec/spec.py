@@ -44,8 +44,9 @@ class OutputSpec(_Strict):
 class DraftSpecModel(_Strict):
     kind: Literal["quantized", "model", "layer_skip", "ngram", "eagle", "eagle3", "medusa", "mtp", "none"] = Field(
         "quantized", description="quantized copy of the target, separate model, layer_skip self-draft, ngram prompt lookup, "
-        "medusa heads or an eagle feature draft (hf backend: batchspec's checkpoint layout, e.g. the demo's; vllm backend: "
-        "published checkpoints), eagle3 or the target's own mtp layers (vllm backend only), or none.")
+        "medusa heads, an eagle or eagle3 feature draft (hf backend: batchspec's and the reference layouts; eagle3 "
+        "checkpoints saved by batchspec are in the layout vLLM reads too), the target's own mtp layers (vllm backend "
+        "only), or none.")
     path: str | None = Field(None, description="kind=model: draft checkpoint (hub id, local dir or s3:// prefix); must share the "
                              "target's tokenizer. kind=eagle, eagle3, medusa: the learned draft's checkpoint.")
     bits: Literal[4, 8] = Field(8, description="kind=quantized: weight bits (8 on CPU; 8 or 4 on CUDA with torchao).")

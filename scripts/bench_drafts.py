@@ -29,7 +29,7 @@ def kinds() -> dict:
 
     out = {"model": DraftSpec("model", path=str(MODELS / "legal-draft")), "quantized": DraftSpec("quantized"),
            "layer_skip": DraftSpec("layer_skip", layers=1), "ngram": DraftSpec("ngram")}
-    for kind in ("medusa", "eagle"):
+    for kind in ("medusa", "eagle", "eagle3"):
         if (MODELS / f"legal-{kind}" / "config.json").exists():
             out[kind] = DraftSpec(kind, path=str(MODELS / f"legal-{kind}"))
     if "medusa" in out:  # tree verification: each head's top 2 / top 3 in one pass

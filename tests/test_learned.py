@@ -163,7 +163,7 @@ def test_reference_layouts_load(repeater, drafts, tmp_path):
         assert drafted > 0 and sum(o.stats.accepted_tokens for o in spec) == drafted, kind
 
 
-@pytest.mark.parametrize("kind,min_acceptance", [("medusa", 0.3), ("eagle", 0.8)])
+@pytest.mark.parametrize("kind,min_acceptance", [("medusa", 0.3), ("eagle", 0.8), ("eagle3", 0.8)])
 def test_committed_demo_drafts_are_exact_and_accepted(kind, min_acceptance):
     """The trained demo drafts under models/ (docs/demo.md) load through the normal path and keep
     the demo target's output exact on held-out contracts."""
@@ -283,6 +283,8 @@ def test_validate_accepts_learned_drafts_and_names_a_wrong_one():
         assert resolve_models(spec) == []
     wrong = load_spec(job, ["model.draft.kind=medusa", f"model.draft.path={repo / 'models/legal-eagle'}"])
     assert any("not a Medusa checkpoint" in p for p in resolve_models(wrong))
+    wrong = load_spec(job, ["model.draft.kind=eagle", f"model.draft.path={repo / 'models/legal-eagle3'}"])
+    assert any("set model.draft.kind: eagle3" in p for p in resolve_models(wrong))
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])

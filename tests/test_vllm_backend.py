@@ -36,6 +36,7 @@ def test_choose_backend_says_why_and_refuses_in_one_line(monkeypatch):
         choose_backend("hf", "mtp")
     assert choose_backend("hf", "eagle3")[0] == "hf"
     assert choose_backend("auto", "eagle")[0] == "hf"  # batchspec's own layout; vLLM on request
+    assert choose_backend("auto", "eagle3")[0] == "vllm"  # the reference layout, which vLLM reads
     assert choose_backend("vllm", "medusa")[0] == "vllm"
     monkeypatch.setattr(backend, "vllm_installed", lambda: False)
     assert choose_backend("auto", "model") == ("hf", "auto: vLLM is not installed")

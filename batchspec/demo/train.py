@@ -14,6 +14,7 @@ real loading path and the real engine: greedy exact match of the summary on held
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import random
@@ -103,22 +104,23 @@ def train(name: str, shape: dict, tok_dir: Path, out: Path, steps: int, lr: floa
             "shape": shape}
 
 
-def _frozen_target(target_dir: Path):
-    """The trained target, frozen, and a function: ids, mask -> (features [B, T, H], teacher
-    tokens [B, T]: the target's own greedy next token at each position)."""
+def _frozen_target(target_dir: Path, layers: tuple[int, ...] | None = None):
+    """The trained target, frozen, and a function: ids, mask -> (features [B, T, F], teacher
+    tokens [B, T]: the target's own greedy next token at each position). Features are the LM
+    head's input, or the inputs of decoder layers `layers` (EAGLE-3)."""
     from transformers import AutoModelForCausalLM
 
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     for p in target.parameters():
         p.requires_grad_(False)
 
-    from ..engine.cache import capture_head_input
+    from ..engine.cache import capture_features
 
     @torch.no_grad()
     def features(ids, mask):
-        with capture_head_input(target) as captured:
+        with capture_features(target, layers) as captured:
             logits = target(input_ids=ids, attention_mask=mask).logits
-        return captured[-1], logits.argmax(-1)
+        return captured(), logits.argmax(-1)
 
     return target, features
 
@@ -197,26 +199,149 @@ def train_learned(kind: str, target_dir: Path, tok_dir: Path, out: Path, steps: 
             "final_top1": round(sum(accs[-50:]) / len(accs[-50:]), 3)}
 
 
+# EAGLE-3 on the 3-layer demo target: the outputs of layers 1, 2 and 3 (the inputs of layers 1, 2
+# and of the final norm) are its low, middle and high features.
+EAGLE3_LAYERS = (1, 2, 3)
+
+
+def draft_vocabulary(features, tok, vocab_size: int, size: int, seed: int, batches: int = 30) -> torch.Tensor:
+    """The `size` target ids the target predicts most often on training contracts, sorted (the
+    EAGLE-3 draft vocabulary; d2t maps draft id i to the i-th of them)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for i in range(batches):
+        ids, mask, _ = batch_tensors(tok, examples("train", 32, offset=(seed * 7_919 + 500_000 + i * 32) % 900_000))
+        _, teacher = features(ids, mask)
+        counts += torch.bincount(teacher[mask == 1], minlength=vocab_size)
+    return counts.argsort(descending=True, stable=True)[:size].sort().values
+
+
+def unrolled_mask(valid: torch.Tensor, step: int) -> torch.Tensor:
+    """Attention for step `step` of training-time unrolling, as drafting attends: anchor t's
+    query sees the real pairs 0..t (step 0, causal) and its own earlier predictions (steps
+    1..step, the same anchor only). valid [B, A]: the real pairs. Returns [B, 1, A, (step+1) A]
+    additive (0 visible, min elsewhere)."""
+    B, A = valid.shape
+    causal = torch.ones(A, A, dtype=torch.bool).tril()[None] & valid[:, None, :].bool()
+    blocks = [causal] + [torch.eye(A, dtype=torch.bool)[None].expand(B, A, A)] * step
+    seen = torch.cat(blocks, -1)[:, None]
+    return torch.zeros(seen.shape).masked_fill(~seen, torch.finfo(torch.float32).min)
+
+
+def train_eagle3(target_dir: Path, tok_dir: Path, out: Path, steps: int, lr: float, seed: int, batch: int = 32,
+                 unroll: int = 3, vocab: int = 512, log_every: int = 50) -> dict:
+    """EAGLE-3 by self-distillation on the frozen target (docs/demo.md): tokens only, no feature
+    regression. Each pair (fused features at t, token x_{t+1}) predicts the target's greedy token
+    after x_{t+1}; then the layer's own output replaces the features for `unroll - 1` more steps
+    (training-time test: step j at anchor t reads its step j-1 output and x_{t+1+j}, attends as
+    drafting does, and predicts the token after x_{t+1+j}), losses weighted 0.8^j. The LM head
+    covers the `vocab` ids the target predicts most; positions whose target token lies outside it
+    do not count."""
+    from transformers import AutoTokenizer, DynamicCache
+
+    from ..engine.learned import Eagle3Model, save_eagle3
+
+    torch.manual_seed(seed)
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    target, features = _frozen_target(target_dir, EAGLE3_LAYERS)
+    head = target.get_output_embeddings().weight
+    V = head.shape[0]
+    ids_of = draft_vocabulary(features, tok, V, vocab, seed)
+    to_draft = torch.full((V,), -100, dtype=torch.long)
+    to_draft[ids_of] = torch.arange(len(ids_of))
+    cfg = target.config.get_text_config()
+    cfg.draft_vocab_size = len(ids_of)
+    module = Eagle3Model(cfg, V, EAGLE3_LAYERS)
+    with torch.no_grad():
+        module.d2t.copy_(ids_of - torch.arange(len(ids_of)))
+        module.lm_head.weight.copy_(head[ids_of])
+        module.norm.weight.copy_(target.get_decoder().norm.weight)
+    module.attach(target)
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    warmup = max(1, steps // 20)
+    t0, losses, accs = time.perf_counter(), [], []
+    for step in range(steps):
+        data = examples("train", batch, offset=(seed * 1_000_003 + 7_777 + step * batch) % 900_000)
+        ids, mask, _ = batch_tensors(tok, data)
+        feats, teacher = features(ids, mask)
+        for g in opt.param_groups:
+            g["lr"] = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+        B, T = ids.shape
+        A = T - 1  # anchors t: pairs (features at t, token t+1)
+        pad = torch.full((B, unroll), tok.pad_token_id)
+        ids_ext = torch.cat([ids, pad], 1)
+        real = torch.cat([mask, torch.zeros(B, unroll, dtype=mask.dtype)], 1)
+        labels_ext = torch.cat([to_draft[teacher], torch.full((B, unroll), -100)], 1)
+        valid0 = mask[:, 1:]
+        cache, hidden = DynamicCache(), module.fuse(feats[:, :-1])
+        loss, hits, total = 0.0, 0, 0
+        for j in range(unroll):
+            x = ids_ext[:, 1 + j: 1 + j + A]
+            pos = torch.arange(A)[None].expand(B, A) + j
+            hidden = module.predict(x, hidden, attention_mask=unrolled_mask(valid0, j), position_ids=pos,
+                                    past_key_values=cache, use_cache=True)
+            lab = labels_ext[:, 1 + j: 1 + j + A].masked_fill(real[:, 1 + j: 1 + j + A] == 0, -100)
+            keep = lab != -100
+            logits = module.draft_logits(hidden[keep])
+            loss = loss + torch.nn.functional.cross_entropy(logits, lab[keep]) * (0.8 ** j)
+            if j == 0:
+                hits, total = int((logits.argmax(-1) == lab[keep]).sum()), int(keep.sum())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(loss.item())
+        accs.append(hits / max(total, 1))
+        if step % log_every == 0 or step == steps - 1:
+            print(f"eagle3 step {step}/{steps} loss {sum(losses[-log_every:]) / len(losses[-log_every:]):.4f} "
+                  f"top-1 {sum(accs[-log_every:]) / len(accs[-log_every:]):.3f} {time.perf_counter() - t0:.0f}s",
+                  flush=True)
+    minutes = (time.perf_counter() - t0) / 60
+    module.eval()
+    save_eagle3(module, out, str(target_dir))
+    return {"name": out.name, "kind": "eagle3", "params": sum(p.numel() for p in params), "steps": steps, "lr": lr,
+            "batch": batch, "seed": seed, "unroll": unroll, "draft_vocab": len(ids_of), "layers": list(EAGLE3_LAYERS),
+            "train_minutes": round(minutes, 1), "final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 4),
+            "final_top1": round(sum(accs[-50:]) / len(accs[-50:]), 3)}
+
+
 LEARNED_CARD = """# {name}
 
 {what}, trained by `python -m batchspec.demo.train --only {kind}` on the frozen demo target
-(`models/legal-target`) by self-distillation: the target's own greedy tokens and features on
-synthetic training contracts are the labels ({description}). {params:,} trained parameters; the
-token embedding and LM head are the target's.
+(`models/legal-target`) by self-distillation: the target's own {labels} on synthetic training
+contracts are the labels ({description}). {params:,} trained parameters; {shared}.
 
 Training: {steps} steps of 32 fresh contracts, AdamW lr {lr}, warmup + cosine, seed {seed}, CPU
 ({train_minutes} minutes on 2 cores); final top-1 agreement with the target on training
-positions {final_top1}. Use it with `model.draft: {{kind: {kind}, path: models/{name}}}` (served
-by batchspec's hf engine). Evaluation: `batchspec_train.json`; figures in docs/demo.md.
+positions {final_top1}. Use it with `model.draft: {{kind: {kind}, path: models/{name}}}` ({served}).
+Evaluation: `batchspec_train.json`; figures in docs/demo.md.
 """
 
+_HF_ONLY = "served by batchspec's hf engine"
+# kind -> (what, description, labels, shared, served)
 LEARNED_WHAT = {
     "medusa": ("Four Medusa heads (one residual SiLU block and a vocabulary projection each) for the demo target",
-               "head i learns the target's token i+2 positions ahead"),
+               "head i learns the target's token i+2 positions ahead", "greedy tokens and features",
+               "the heads read the target's top-layer feature", _HF_ONLY),
     "eagle": ("An EAGLE feature draft (fc over [token embedding; feature] and one Llama decoder layer) for the demo "
               "target", "the layer learns the target's next top-layer feature and, through the target's LM head, "
-              "its next token"),
+              "its next token", "greedy tokens and features", "the token embedding and LM head are the target's",
+              _HF_ONLY),
+    "eagle3": ("An EAGLE-3 draft (fc over the outputs of the target's three layers, one decoder layer over [token "
+               "embedding; fused feature], its own LM head over the 512 ids the target predicts most, mapped to "
+               "target ids by d2t) for the demo target, saved in the EAGLE-3 reference layout",
+               "tokens only, no feature regression; each position is unrolled 3 steps on the layer's own outputs, "
+               "as drafting runs", "greedy tokens",
+               "the token embedding is the target's, the LM head its own (initialised from the target's rows)",
+               "backend auto: vLLM's eagle3 method when vLLM is installed, else batchspec's hf engine; both read "
+               "this layout"),
 }
+
+
+def learned_card(kind: str, run: dict) -> str:
+    what, description, labels, shared, served = LEARNED_WHAT[kind]
+    return LEARNED_CARD.format(what=what, description=description, labels=labels, shared=shared, served=served,
+                               **run)
 
 
 def evaluate(target_dir: Path, draft_dir: Path, n: int = 40, learned: dict[str, Path] | None = None) -> dict:
@@ -269,13 +394,15 @@ def main() -> None:
     ap.add_argument("--draft-lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
-    ap.add_argument("--only", choices=("both", "target", "draft", "medusa", "eagle"), default="both",
+    ap.add_argument("--only", choices=("both", "target", "draft", "medusa", "eagle", "eagle3"), default="both",
                     help="retrain one model and keep the others (and the tokenizer) already in --out; medusa and "
-                         "eagle train a learned draft on the frozen target")
+                         "eagle, eagle3 train a learned draft on the frozen target")
     ap.add_argument("--medusa-steps", type=int, default=1500)
     ap.add_argument("--eagle-steps", type=int, default=1200)
     ap.add_argument("--medusa-lr", type=float, default=3e-3)
     ap.add_argument("--eagle-lr", type=float, default=3e-3)
+    ap.add_argument("--eagle3-steps", type=int, default=800)
+    ap.add_argument("--eagle3-lr", type=float, default=3e-3)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -283,17 +410,17 @@ def main() -> None:
     out = Path(args.out)
     tok_dir = build_tokenizer(out / "tokenizer")
     target_dir, draft_dir = out / "legal-target", out / "legal-draft"
-    learned = {"medusa": out / "legal-medusa", "eagle": out / "legal-eagle"}
+    learned = {kind: out / f"legal-{kind}" for kind in ("medusa", "eagle", "eagle3")}
     runs = {}
     if args.only in learned:
         kind = args.only
-        run = train_learned(kind, target_dir, tok_dir, learned[kind], getattr(args, f"{kind}_steps"),
-                            getattr(args, f"{kind}_lr"), args.seed)
+        trainer = train_eagle3 if kind == "eagle3" else functools.partial(train_learned, kind)
+        run = trainer(target_dir, tok_dir, learned[kind], getattr(args, f"{kind}_steps"), getattr(args, f"{kind}_lr"),
+                      args.seed)
         ev = evaluate(target_dir, draft_dir, learned=learned)
         print(json.dumps(ev, indent=2))
         (learned[kind] / "batchspec_train.json").write_text(json.dumps({**run, "evaluation": ev}, indent=2))
-        what, description = LEARNED_WHAT[kind]
-        (learned[kind] / "README.md").write_text(LEARNED_CARD.format(what=what, description=description, **run))
+        (learned[kind] / "README.md").write_text(learned_card(kind, run))
         return
     if args.only in ("both", "target"):
         runs["target"] = train("legal-target", TARGET, tok_dir, target_dir, args.target_steps, args.target_lr, args.seed)

@@ -64,11 +64,12 @@ def choose_backend(requested: str, draft_kind: str, gpu: bool = False) -> tuple[
         return "hf", "auto: vLLM is not installed"
     if draft_kind not in vllm_kinds:
         return "hf", f"auto: vLLM has no '{draft_kind}' draft{'' if gpu else ' on CPU'}, so batchspec's own engine serves it"
-    if draft_kind in LEARNED_KINDS:
-        # batchspec trains these in its own layout, which vLLM does not read; passing published
-        # checkpoints through to vLLM is untested (docs/engine.md), so vLLM only on request.
+    if draft_kind in ("medusa", "eagle"):
+        # batchspec saves these in its own layout, which vLLM does not read (it reads other
+        # conversions of them), so vLLM only on request. EAGLE-3 checkpoints are saved in the
+        # reference layout vLLM reads, tested row by row (tests/test_vllm_backend.py): auto -> vLLM.
         return "hf", (f"auto: batchspec's engine reads '{draft_kind}' checkpoints (its own and the reference layouts); "
-                      "set model.backend: vllm to hand a published one to vLLM")
+                      "set model.backend: vllm to hand a checkpoint in vLLM's layout to vLLM")
     return "vllm", "auto: vLLM is installed and serves this draft kind"
 
 
