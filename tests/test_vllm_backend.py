@@ -82,7 +82,7 @@ def test_every_vllm_draft_kind_maps_to_a_vllm_method():
 def test_validate_refuses_a_draft_the_backend_cannot_serve():
     from batchspec.runner.validate import validate_job
 
-    spec = load_spec(DEMO_JOB, ["model.backend=hf", "model.draft.kind=eagle3"])
+    spec = load_spec(DEMO_JOB, ["model.backend=hf", "model.draft.kind=mtp"])
     v = validate_job(spec, check_model=False)
     assert any("runs on the vllm backend only" in p for p in v.problems)
 
