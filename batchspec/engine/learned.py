@@ -224,12 +224,22 @@ class Eagle3Model(nn.Module):
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden))
 
+    def target_ids(self) -> torch.Tensor | None:
+        """The target id of each draft id, or None for the identity map. Read once from d2t (set by
+        loading or training before drafting) so drafting never syncs with the device for it."""
+        if not hasattr(self, "_target_ids"):
+            ids = torch.arange(self.draft_vocab, device=self.d2t.device) + self.d2t
+            identity = self.draft_vocab == self.target_vocab and not bool(self.d2t.any())
+            self._target_ids = None if identity else ids
+        return self._target_ids
+
     def to_target(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [..., Vd] -> target-vocabulary logits [..., V], -inf elsewhere."""
-        if self.draft_vocab == self.target_vocab and not bool(self.d2t.any()):
+        ids = self.target_ids()
+        if ids is None:
             return logits
         full = logits.new_full((*logits.shape[:-1], self.target_vocab), float("-inf"))
-        full[..., torch.arange(self.draft_vocab, device=logits.device) + self.d2t] = logits
+        full[..., ids.to(logits.device)] = logits
         return full
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True,
