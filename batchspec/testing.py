@@ -348,26 +348,3 @@ def build_learned_draft(out_dir: str | Path, target_dir: str | Path, kind: str, 
                 module.lm_head.weight.copy_(torch.randn(len(ids), H) * head.std())
         save_eagle3(module, out_dir, str(target_dir))
     return out_dir
-    target = AutoModelForCausalLM.from_pretrained(str(target_dir))
-    head = target.get_output_embeddings().weight
-    torch.manual_seed(seed)
-    if kind == "medusa":
-        module = MedusaHeads(head.shape[1], head.shape[0], heads)
-        with torch.no_grad():
-            for h in module.heads:
-                h[0].linear.weight.normal_(0, 0.02 if copy_next else 0.5)
-                h[-1].weight.copy_(head if copy_next else torch.randn_like(head) * head.std())
-        save_medusa(module, out_dir, str(target_dir))
-    else:
-        module = EagleModel(target.config.get_text_config())
-        if copy_next:
-            H = head.shape[1]
-            with torch.no_grad():
-                module.fc.weight.zero_()
-                module.fc.weight[:, H:] = torch.eye(H)
-                module.fc.bias.zero_()
-                layer = module.decoder.layers[0]
-                layer.self_attn.o_proj.weight.zero_()
-                layer.mlp.down_proj.weight.zero_()
-        save_eagle(module, out_dir, str(target_dir))
-    return out_dir

@@ -125,6 +125,43 @@ def _frozen_target(target_dir: Path, layers: tuple[int, ...] | None = None):
     return target, features
 
 
+def _fit(kind: str, params: list, tok, features, step_loss, steps: int, lr: float, seed: int, batch: int,
+         log_every: int) -> tuple[list[float], list[float], float]:
+    """The loop the learned-draft trainers share: fresh training contracts each step, the frozen
+    target's features and greedy tokens, AdamW with linear warmup and cosine decay to 10%, clipped
+    gradients. step_loss(ids, mask, labels, feats, teacher) -> (loss, hits, total). Returns the
+    losses, the top-1 agreement per step, and the minutes taken."""
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    warmup = max(1, steps // 20)
+    t0, losses, accs = time.perf_counter(), [], []
+    for step in range(steps):
+        data = examples("train", batch, offset=(seed * 1_000_003 + 7_777 + step * batch) % 900_000)
+        ids, mask, labels = batch_tensors(tok, data)
+        feats, teacher = features(ids, mask)
+        for g in opt.param_groups:
+            g["lr"] = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+        loss, hits, total = step_loss(ids, mask, labels, feats, teacher)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(loss.item())
+        accs.append(hits / max(total, 1))
+        if step % log_every == 0 or step == steps - 1:
+            print(f"{kind} step {step}/{steps} loss {sum(losses[-log_every:]) / len(losses[-log_every:]):.4f} "
+                  f"top-1 {sum(accs[-log_every:]) / len(accs[-log_every:]):.3f} {time.perf_counter() - t0:.0f}s",
+                  flush=True)
+    return losses, accs, (time.perf_counter() - t0) / 60
+
+
+def _run_record(out: Path, kind: str, params: list, steps: int, lr: float, batch: int, seed: int, losses: list,
+                accs: list, minutes: float, **extra) -> dict:
+    return {"name": out.name, "kind": kind, "params": sum(p.numel() for p in params), "steps": steps, "lr": lr,
+            "batch": batch, "seed": seed, **extra, "train_minutes": round(minutes, 1),
+            "final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 4),
+            "final_top1": round(sum(accs[-50:]) / len(accs[-50:]), 3)}
+
+
 def train_learned(kind: str, target_dir: Path, tok_dir: Path, out: Path, steps: int, lr: float, seed: int,
                   batch: int = 32, heads: int = 4, log_every: int = 50) -> dict:
     """Self-distillation of a Medusa or EAGLE draft on the frozen target (docs/demo.md).
@@ -151,15 +188,8 @@ def train_learned(kind: str, target_dir: Path, tok_dir: Path, out: Path, steps: 
     else:
         module = EagleModel(target.config).attach(target)
     params = [p for p in module.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    warmup = max(1, steps // 20)
-    t0, losses, accs = time.perf_counter(), [], []
-    for step in range(steps):
-        data = examples("train", batch, offset=(seed * 1_000_003 + 7_777 + step * batch) % 900_000)
-        ids, mask, labels = batch_tensors(tok, data)
-        feats, teacher = features(ids, mask)
-        for g in opt.param_groups:
-            g["lr"] = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+
+    def step_loss(ids, mask, labels, feats, teacher):
         if kind == "medusa":
             loss, hits, total = 0.0, 0, 0
             for i, head in enumerate(module.heads):
@@ -170,33 +200,21 @@ def train_learned(kind: str, target_dir: Path, tok_dir: Path, out: Path, steps: 
                 loss = loss + torch.nn.functional.cross_entropy(li, lab[valid]) * (0.8 ** i)
                 hits += int((li.argmax(-1) == lab[valid]).sum())
                 total += int(valid.sum())
-        else:
-            noisy = feats[:, :-1] + torch.randn_like(feats[:, :-1]) * 0.05 * feats.std()
-            out_mask = mask[:, :-1]
-            pos = (out_mask.cumsum(1) - 1).clamp_min(0)
-            hidden = module.predict(ids[:, 1:], noisy, attention_mask=out_mask, position_ids=pos)
-            valid = mask[:, 1:] == 1
-            reg = torch.nn.functional.smooth_l1_loss(hidden[valid], feats[:, 1:][valid])
-            tok_logits = lm_head(hidden[valid])
-            cls = torch.nn.functional.cross_entropy(tok_logits, teacher[:, 1:][valid])
-            loss = reg + 0.1 * cls
-            hits, total = int((tok_logits.argmax(-1) == teacher[:, 1:][valid]).sum()), int(valid.sum())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        losses.append(loss.item())
-        accs.append(hits / max(total, 1))
-        if step % log_every == 0 or step == steps - 1:
-            print(f"{kind} step {step}/{steps} loss {sum(losses[-log_every:]) / len(losses[-log_every:]):.4f} "
-                  f"top-1 {sum(accs[-log_every:]) / len(accs[-log_every:]):.3f} {time.perf_counter() - t0:.0f}s", flush=True)
-    minutes = (time.perf_counter() - t0) / 60
+            return loss, hits, total
+        noisy = feats[:, :-1] + torch.randn_like(feats[:, :-1]) * 0.05 * feats.std()
+        out_mask = mask[:, :-1]
+        pos = (out_mask.cumsum(1) - 1).clamp_min(0)
+        hidden = module.predict(ids[:, 1:], noisy, attention_mask=out_mask, position_ids=pos)
+        valid = mask[:, 1:] == 1
+        reg = torch.nn.functional.smooth_l1_loss(hidden[valid], feats[:, 1:][valid])
+        tok_logits = lm_head(hidden[valid])
+        cls = torch.nn.functional.cross_entropy(tok_logits, teacher[:, 1:][valid])
+        return reg + 0.1 * cls, int((tok_logits.argmax(-1) == teacher[:, 1:][valid]).sum()), int(valid.sum())
+
+    losses, accs, minutes = _fit(kind, params, tok, features, step_loss, steps, lr, seed, batch, log_every)
     module.eval()
     (save_medusa if kind == "medusa" else save_eagle)(module, out, str(target_dir))
-    n_params = sum(p.numel() for p in params)
-    return {"name": out.name, "kind": kind, "params": n_params, "steps": steps, "lr": lr, "batch": batch, "seed": seed,
-            "train_minutes": round(minutes, 1), "final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 4),
-            "final_top1": round(sum(accs[-50:]) / len(accs[-50:]), 3)}
+    return _run_record(out, kind, params, steps, lr, batch, seed, losses, accs, minutes)
 
 
 # EAGLE-3 on the 3-layer demo target: the outputs of layers 1, 2 and 3 (the inputs of layers 1, 2
@@ -257,19 +275,11 @@ def train_eagle3(target_dir: Path, tok_dir: Path, out: Path, steps: int, lr: flo
         module.norm.weight.copy_(target.get_decoder().norm.weight)
     module.attach(target)
     params = [p for p in module.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    warmup = max(1, steps // 20)
-    t0, losses, accs = time.perf_counter(), [], []
-    for step in range(steps):
-        data = examples("train", batch, offset=(seed * 1_000_003 + 7_777 + step * batch) % 900_000)
-        ids, mask, _ = batch_tensors(tok, data)
-        feats, teacher = features(ids, mask)
-        for g in opt.param_groups:
-            g["lr"] = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+
+    def step_loss(ids, mask, _labels, feats, teacher):
         B, T = ids.shape
         A = T - 1  # anchors t: pairs (features at t, token t+1)
-        pad = torch.full((B, unroll), tok.pad_token_id)
-        ids_ext = torch.cat([ids, pad], 1)
+        ids_ext = torch.cat([ids, torch.full((B, unroll), tok.pad_token_id)], 1)
         real = torch.cat([mask, torch.zeros(B, unroll, dtype=mask.dtype)], 1)
         labels_ext = torch.cat([to_draft[teacher], torch.full((B, unroll), -100)], 1)
         valid0 = mask[:, 1:]
@@ -286,23 +296,13 @@ def train_eagle3(target_dir: Path, tok_dir: Path, out: Path, steps: int, lr: flo
             loss = loss + torch.nn.functional.cross_entropy(logits, lab[keep]) * (0.8 ** j)
             if j == 0:
                 hits, total = int((logits.argmax(-1) == lab[keep]).sum()), int(keep.sum())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        losses.append(loss.item())
-        accs.append(hits / max(total, 1))
-        if step % log_every == 0 or step == steps - 1:
-            print(f"eagle3 step {step}/{steps} loss {sum(losses[-log_every:]) / len(losses[-log_every:]):.4f} "
-                  f"top-1 {sum(accs[-log_every:]) / len(accs[-log_every:]):.3f} {time.perf_counter() - t0:.0f}s",
-                  flush=True)
-    minutes = (time.perf_counter() - t0) / 60
+        return loss, hits, total
+
+    losses, accs, minutes = _fit("eagle3", params, tok, features, step_loss, steps, lr, seed, batch, log_every)
     module.eval()
     save_eagle3(module, out, str(target_dir))
-    return {"name": out.name, "kind": "eagle3", "params": sum(p.numel() for p in params), "steps": steps, "lr": lr,
-            "batch": batch, "seed": seed, "unroll": unroll, "draft_vocab": len(ids_of), "layers": list(EAGLE3_LAYERS),
-            "train_minutes": round(minutes, 1), "final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 4),
-            "final_top1": round(sum(accs[-50:]) / len(accs[-50:]), 3)}
+    return _run_record(out, "eagle3", params, steps, lr, batch, seed, losses, accs, minutes, unroll=unroll,
+                       draft_vocab=len(ids_of), layers=list(EAGLE3_LAYERS))
 
 
 LEARNED_CARD = """# {name}
