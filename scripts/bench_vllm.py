@@ -8,7 +8,8 @@ Per job and repetition, each configuration runs in its own process, in a fixed i
     bare vLLM plain      LLM(...) then one LLM.generate over every prompt (no Ray, no files)
     bare vLLM spec       the same with the job's speculative config (k = num_speculative_tokens)
     batchspec vllm auto  `batchspec submit JOB --set model.backend=vllm` (policy on, Ray, Parquet in/out)
-    batchspec hf auto    `batchspec submit JOB --set model.backend=hf`
+    batchspec hf auto    `batchspec submit JOB --set model.backend=hf` (left out with --no-hf)
+    batchspec vllm auto+plain   with --plain-engine: the vllm run plus model.vllm_plain_engine=true
 
 Reported: generation seconds (bare: the generate call; batchspec: the shards' generate_s, plus the
 policy's cost calibration shown apart), whole-job wall seconds and start-up (engine load; for
@@ -91,12 +92,13 @@ def bare(spec, prompt_ids, speculative: bool) -> dict:
     return {**res, "wall_s": wall, "calibrate_s": 0.0}
 
 
-def batchspec(job: Path, backend: str, out_dir: Path) -> dict:
+def batchspec(job: Path, backend: str, out_dir: Path, *sets: str) -> dict:
     from batchspec.runner.store import OutputStore
 
     t = time.perf_counter()
+    extra = [arg for item in sets for arg in ("--set", item)]
     proc = subprocess.run([str(Path(sys.executable).parent / "batchspec"), "submit", str(job), "--quiet",
-                           "--set", f"model.backend={backend}", "--set", f"output.path={out_dir}"],
+                           "--set", f"model.backend={backend}", "--set", f"output.path={out_dir}", *extra],
                           capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - t
     if proc.returncode != 0:
@@ -210,6 +212,9 @@ def main() -> None:
     ap.add_argument("--jobs", default=None, help="comma-separated: demo, demo_eagle3, llama104m, mixed "
                     "(default: demo, llama104m, mixed; --switch: demo)")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--plain-engine", action="store_true",
+                    help="also run batchspec on vLLM with model.vllm_plain_engine (a second, plain engine for k=0)")
+    ap.add_argument("--no-hf", action="store_true", help="leave out the hf backend runs")
     ap.add_argument("--out", default="bench-vllm.json")
     ap.add_argument("--switch", action="store_true", help="measure the cost of switching k per call instead")
     args = ap.parse_args()
@@ -224,19 +229,23 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     results: dict = {"threads": os.cpu_count(), "jobs": {}}
+    configs = ["bare vLLM plain", "bare vLLM spec", "batchspec vllm auto"]
+    configs += ["batchspec vllm auto+plain"] if args.plain_engine else []
+    configs += [] if args.no_hf else ["batchspec hf auto"]
     for name, job in write_jobs(tmp, args.jobs.split(",")).items():
         spec = load_spec(job)
         ids, prompt_ids = job_prompts(spec)
         runs: dict[str, list] = {}
         for rep in range(args.repeats):
-            for config in ("bare vLLM plain", "bare vLLM spec", "batchspec vllm auto", "batchspec hf auto"):
+            for config in configs:
                 if config.startswith("bare"):
                     r = bare(spec, prompt_ids, speculative=config.endswith("spec"))
                     r["by_id"] = dict(zip(ids, r.pop("completions")))
                 else:
-                    r = batchspec(job, config.split()[1], tmp / f"out-{name}-{rep}-{config.split()[1]}")
+                    sets = ["model.vllm_plain_engine=true"] if config.endswith("+plain") else []
+                    r = batchspec(job, config.split()[1], tmp / f"out-{name}-{rep}-{config.replace(' ', '_')}", *sets)
                 runs.setdefault(config, []).append(r)
-                print(f"{name} rep {rep}: {config:<20} generate {r['generate_s']:6.2f}s  wall {r['wall_s']:6.1f}s",
+                print(f"{name} rep {rep}: {config:<26} generate {r['generate_s']:6.2f}s  wall {r['wall_s']:6.1f}s",
                       flush=True)
         reference = runs["bare vLLM plain"][0]["by_id"]
         table = {}
@@ -253,15 +262,16 @@ def main() -> None:
         best_wall = min(table["bare vLLM plain"]["wall_s"], table["bare vLLM spec"]["wall_s"])
         print(f"\n{name}: {len(reference)} rows, {spec.generation.max_new_tokens} max new tokens, draft "
               f"{spec.model.draft.kind}; medians of {args.repeats}")
-        print(f"{'configuration':<21}{'generate s':>11}{'vs best bare':>13}{'calib s':>8}{'wall s':>8}"
+        print(f"{'configuration':<27}{'generate s':>11}{'vs best bare':>13}{'calib s':>8}{'wall s':>8}"
               f"{'start s':>8}{'tok/s':>8}{'agree':>8}")
         for config, t in table.items():
-            print(f"{config:<21}{t['generate_s']:>11.2f}{t['generate_s'] / best:>12.2f}x{t['calibrate_s']:>8.2f}"
+            print(f"{config:<27}{t['generate_s']:>11.2f}{t['generate_s'] / best:>12.2f}x{t['calibrate_s']:>8.2f}"
                   f"{t['wall_s']:>8.1f}{t['start_s']:>8.1f}{t['tok_s']:>8.0f}{t['agree']:>5}/{t['rows']}")
         print(f"whole-job wall, batchspec vllm auto vs best bare vLLM: "
               f"{table['batchspec vllm auto']['wall_s'] / best_wall:.2f}x")
-        for shard, reasons in (table["batchspec vllm auto"]["decisions"] or {}).items():
-            print(f"  {shard}: {' | '.join(reasons)}")
+        for config in ("batchspec vllm auto", "batchspec vllm auto+plain"):
+            for shard, reasons in ((table.get(config) or {}).get("decisions") or {}).items():
+                print(f"  {config}, {shard}: {' | '.join(reasons)}")
         results["jobs"][name] = table
     Path(args.out).write_text(json.dumps(results, indent=2, default=str))
     print(f"\nwrote {args.out}")

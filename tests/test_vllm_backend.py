@@ -253,25 +253,33 @@ def test_auto_policy_on_vllm_probes_then_decides_each_shard(vllm_backend, tmp_pa
     assert all(r["spec_enabled"] and r["num_speculative_tokens"] == first[1]["k"] for r in rows)
 
 
-def test_vllm_reads_batchspec_eagle3_checkpoints_as_batchspec_does(tmp_path_factory):
+@pytest.fixture(scope="module")
+def repeater_eagle3(tmp_path_factory):
+    """A 128-wide target that repeats its last token (vLLM's CPU attention needs head_dim >= 32) and
+    an EAGLE-3 draft that copies it, with a draft vocabulary of 256 of its 512 ids: small engines
+    that start in seconds."""
+    _require_vllm()
+    from batchspec.testing import build_learned_draft, build_repeater, build_tokenizer
+
+    root = tmp_path_factory.mktemp("eagle3-vllm")
+    target = build_repeater(root / "repeater", build_tokenizer(root / "tokenizer"), size="small")
+    return target, build_learned_draft(root / "eagle3", target, "eagle3", copy_next=True, draft_vocab=256)
+
+
+def test_vllm_reads_batchspec_eagle3_checkpoints_as_batchspec_does(repeater_eagle3):
     """An EAGLE-3 draft saved by batchspec (the reference layout, with a draft vocabulary of half the
     target's ids) handed to vLLM's eagle3 method: greedy rows equal the hf engine's, and vLLM accepts
     exactly what batchspec's engine accepts. The target repeats its last token and the draft copies
     it, so a row's every proposal is accepted when its token is in the draft vocabulary and none
-    when it is not: a layout read differently (layer ids, d2t, norms, fc) would show at once.
-    A 128-wide target: vLLM's CPU attention needs head_dim >= 32."""
-    _require_vllm()
+    when it is not: a layout read differently (layer ids, d2t, norms, fc) would show at once."""
     import gc
 
     import torch
 
     from batchspec.engine import DraftSpec, Engine
     from batchspec.engine.backend import load_backend
-    from batchspec.testing import build_learned_draft, build_repeater, build_tokenizer
 
-    root = tmp_path_factory.mktemp("eagle3-vllm")
-    target = build_repeater(root / "repeater", build_tokenizer(root / "tokenizer"), size="small")
-    draft = build_learned_draft(root / "eagle3", target, "eagle3", copy_next=True, draft_vocab=256)
+    target, draft = repeater_eagle3
     hf = Engine.load(str(target), DraftSpec(kind="eagle3", path=str(draft)))
     in_vocab = set((torch.arange(256) + hf.draft_module.d2t).tolist())
     lasts = [t for t in range(20, 200) if t in in_vocab][:4] + [t for t in range(20, 200) if t not in in_vocab][:2]
@@ -311,3 +319,35 @@ def test_a_job_with_the_demo_eagle3_draft_runs_on_vllm(ray_session, tmp_path, hf
     assert [r["completion"] for r in rows] == hf_reference[1]
     assert {r["draft_kind"] for r in rows} == {"eagle3"}
     assert sum(r["accepted_tokens"] for r in rows) / sum(r["draft_tokens"] for r in rows) > 0.8
+
+
+def test_plain_engine_serves_the_calls_at_k0(repeater_eagle3):
+    """model.vllm_plain_engine: a second engine without speculation takes the calls the policy runs
+    plain (and the plain half of calibration); speculative calls stay on the speculative engine.
+    Rows are the same either way."""
+    import gc
+
+    from batchspec.engine.backend import load_backend
+
+    target, draft = repeater_eagle3
+    spec = load_spec(DEMO_JOB, [f"model.target={target}", "model.backend=vllm", "model.draft.kind=eagle3",
+                                f"model.draft.path={draft}", "model.vllm_plain_engine=true"])
+    backend = load_backend("vllm", spec.model, k_default=3)
+    try:
+        calls = {"plain": 0, "spec": 0}
+        for name, llm in (("plain", backend.plain_llm), ("spec", backend.llm)):
+            run = llm.generate
+            llm.generate = lambda *a, _run=run, _name=name, **kw: (calls.__setitem__(_name, calls[_name] + 1),
+                                                                    _run(*a, **kw))[1]
+        rows = [[7, 9, 11, t] for t in (20, 30, 40)]
+        off, _ = backend.generate(rows, 12, speculate=False)
+        assert calls == {"plain": 1, "spec": 0}
+        on, _ = backend.generate(rows, 12, speculate=True, draft_length=3)
+        assert calls == {"plain": 1, "spec": 1}
+        assert [o.token_ids for o in off] == [o.token_ids for o in on]
+        assert sum(o.stats.draft_tokens for o in off) == 0 < sum(o.stats.draft_tokens for o in on)
+        costs = backend.measure_costs(2, rows)
+        assert calls["plain"] > 1 and calls["spec"] > 1 and costs["target_step_s"] > 0 and costs["verify_s"]
+    finally:
+        del backend
+        gc.collect()

@@ -17,6 +17,9 @@ What batchspec adds on top of a bare `LLM.generate`, and how:
 - A whole shard per call, so continuous batching keeps the batch full as rows finish.
 - A call that fails (a row vLLM rejects) is retried row by row: the bad row becomes an error
   row, the rest of the shard is generated.
+- Optionally (`model.vllm_plain_engine`) a second engine without speculation serves the calls at
+  k = 0, where the speculative engine would still run its draft over every token; the policy's
+  plain costs are then measured on it.
 """
 
 from __future__ import annotations
@@ -89,8 +92,10 @@ class VLLMBackend:
     rows_per_call = 0  # 0: a whole shard per call (vLLM schedules it); probes use the runner's batch
     per_round_k = False  # k is fixed for a call; the policy re-picks it between calls
 
-    def __init__(self, llm, tokenizer, draft_kind: str, target_source: str, draft_source: str | None, k_max: int):
+    def __init__(self, llm, tokenizer, draft_kind: str, target_source: str, draft_source: str | None, k_max: int,
+                 plain_llm=None):
         self.llm, self.tokenizer = llm, tokenizer
+        self.plain_llm = plain_llm  # model.vllm_plain_engine: serves the calls at k = 0
         self.draft_kind, self.target_source, self.draft_source = draft_kind, target_source, draft_source
         self.k_max = k_max
         self.max_context = int(llm.llm_engine.model_config.max_model_len)
@@ -116,10 +121,14 @@ class VLLMBackend:
         on_gpu = spec_model.device.startswith("cuda") or (spec_model.device == "auto" and torch.cuda.is_available())
         args = engine_args(spec_model, k_max, on_gpu)
         llm = LLM(**args)
+        plain = None
+        if spec_model.vllm_plain_engine and args["speculative_config"] is not None:
+            plain = LLM(**{k: v for k, v in args.items() if k not in ("speculative_config",
+                                                                       "per_request_spec_decode_metrics")})
         tokenizer = AutoTokenizer.from_pretrained(args["model"], trust_remote_code=spec_model.trust_remote_code)
         source = {"model": d.path, "ngram": f"ngram (max {d.max_ngram})", "quantized": f"{spec_model.target} (fp8)",
                   "none": None}.get(d.kind, d.path or d.kind)
-        return cls(llm, tokenizer, d.kind, spec_model.target, source, k_max)
+        return cls(llm, tokenizer, d.kind, spec_model.target, source, k_max, plain)
 
     def tokenize(self, prompts: list[str]) -> list[list[int]]:
         return encode_prompts(self.tokenizer, prompts)
@@ -143,13 +152,13 @@ class VLLMBackend:
         caps = max_new_per_row or [max_new_tokens] * len(prompt_ids)
         params = [self._params(sampling, stop, cap, seeds[i] if seeds else None) for i, cap in enumerate(caps)]
         try:
-            outs = self._run(prompt_ids, params)
+            outs = self._run(prompt_ids, params, plain=k == 0)
         except Exception as e:  # one row vLLM refuses must not cost the others: retry one by one
             log.warning("vllm call over %d rows failed (%s); retrying row by row", len(prompt_ids), type(e).__name__)
             outs = []
             for ids, p in zip(prompt_ids, params):
                 try:
-                    outs.extend(self._run([ids], [p]))
+                    outs.extend(self._run([ids], [p], plain=k == 0))
                 except Exception as row_error:
                     outs.append(f"{type(row_error).__name__}: {str(row_error).splitlines()[0][:200]}")
         completions = [self._completion(o, len(ids), k) for o, ids in zip(outs, prompt_ids)]
@@ -160,8 +169,10 @@ class VLLMBackend:
                               sum(s.rejections for s in ok))] if k else []
         return completions, BatchResult([], rounds)
 
-    def _run(self, prompt_ids, params):
-        return self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+    def _run(self, prompt_ids, params, plain: bool = False):
+        """One LLM.generate; the plain engine (when there is one) for calls at k = 0."""
+        llm = self.plain_llm if plain and self.plain_llm is not None else self.llm
+        return llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
 
     @staticmethod
     def _params(sampling: SamplingParams, stop: tuple[str, ...], max_tokens: int, seed: int | None, **extra):
@@ -225,21 +236,24 @@ class VLLMBackend:
         else:
             prompts = [[rng.randrange(low, vocab) for _ in range(P)] for _ in range(batch_size)]
 
-        def timed(k: int, max_tokens: int) -> tuple[float, list]:
+        def timed(k: int, max_tokens: int, plain: bool | None = None) -> tuple[float, list]:
             self.set_k(k)
             params = [self._params(SamplingParams(), (), max_tokens, None, ignore_eos=True)] * batch_size
             best, outs = float("inf"), None
             for _ in range(repeats):
                 t = time.perf_counter()
-                outs = self._run(prompts, params)
+                outs = self._run(prompts, params, plain=k == 0 if plain is None else plain)
                 best = min(best, time.perf_counter() - t)
             return best, outs
 
         timed(0, T)  # warm-up
-        first, _ = timed(0, 1)  # prefill + first token
+        first, _ = timed(0, 1)  # prefill + first token (on the plain engine when there is one)
         plain, _ = timed(0, T)
         step = max((plain - first) / (T - 1), 1e-9)
-        verify = {}
+        verify, first_spec = {}, first
+        if self._scheduler is not None and self.plain_llm is not None:
+            timed(0, T, plain=False)  # warm-up
+            first_spec = timed(0, 1, plain=False)[0]  # the speculative engine's own prefill, drafter's included
         if self._scheduler is not None:
             for k in sorted({1, 2, 4, self.k_max} & set(range(1, min(4, self.k_max) + 1))):
                 # Enough tokens for 4 rounds even when every draft token is accepted: with 8 tokens a
@@ -250,6 +264,6 @@ class VLLMBackend:
                 # Each verify step emits 1 + accepted tokens per row, so a row took (Tk - 1) - accepted
                 # steps; the call lasts as long as its slowest row.
                 steps = max(Tk - 1 - self._completion(o, P, k).stats.accepted_tokens for o in outs)
-                verify[k] = max((total - first) / max(steps, 1), 1e-9)
+                verify[k] = max((total - first_spec) / max(steps, 1), 1e-9)
         return {"batch_size": batch_size, "prefill_token_s": first / P, "target_step_s": step,
                 "verify_s": verify or {1: step}, "draft_step_s": 0.0, "draft_prefill_token_s": 0.0}
