@@ -171,6 +171,8 @@ ids = json.loads(sys.argv[2])
 plain_engine = sys.argv[3] == "plain"
 if plain_engine:
     spec = spec.model_copy(update={"model": spec.model.model_copy(update={"draft": spec.model.draft.model_copy(update={"kind": "none", "path": None})})})
+if sys.argv[3] == "both":  # the speculative engine plus model.vllm_plain_engine for k=0
+    spec = spec.model_copy(update={"model": spec.model.model_copy(update={"vllm_plain_engine": True})})
 backend = load_backend("vllm", spec.model, k_default=4)
 backend.generate(ids[:2], 8)  # warm-up
 times = {}
@@ -187,12 +189,13 @@ print("RESULT" + json.dumps({"times": times, "set_k_us": (time.perf_counter() - 
 
 
 def switch_cost(job: Path) -> None:
-    """One speculative engine switched between k=4 and k=0 call by call, against a plain engine."""
+    """One speculative engine switched between k=4 and k=0 call by call, against a plain engine, and
+    the two together in one process (model.vllm_plain_engine: k=0 calls go to the plain one)."""
     from batchspec.spec import load_spec
 
     _, prompt_ids = job_prompts(load_spec(job))
     res = {}
-    for engine in ("plain", "spec", "plain", "spec"):  # interleaved: two processes of each (5 calls per k each)
+    for engine in ("plain", "spec", "both") * 2:  # interleaved: two processes of each (5 calls per k each)
         out = subprocess.run([sys.executable, "-c", SWITCH, str(job), json.dumps(prompt_ids), engine],
                              capture_output=True, text=True, cwd=ROOT)
         line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
