@@ -287,12 +287,15 @@ def lossless_cell(target_dir: str | Path, kind: str, prompts: list[str], max_new
 
 
 def build_learned_draft(out_dir: str | Path, target_dir: str | Path, kind: str, seed: int = 0,
-                        copy_next: bool = False, heads: int = 4, draft_vocab: int | None = None) -> Path:
+                        copy_next: bool = False, heads: int = 4, draft_vocab: int | None = None,
+                        reference_layout: bool = False) -> Path:
     """A random Medusa ("medusa"), EAGLE ("eagle") or EAGLE-3 ("eagle3") draft for a target, saved
     in the layout engine.learned reads. copy_next: instead of random weights, a draft that proposes
     the target's own next token again (heads = the LM head; an EAGLE layer that passes the feature
     through), which random targets that repeat themselves accept often, so tests reach every
-    acceptance path. draft_vocab (eagle3): a draft vocabulary of that many random target ids."""
+    acceptance path. draft_vocab (eagle3): a draft vocabulary of that many random target ids.
+    reference_layout (eagle): the EAGLE-1 reference's files instead of batchspec's:
+    pytorch_model.bin with fc.*, layers.0.* (no input norm), no final norm, its own embed_tokens."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -313,7 +316,7 @@ def build_learned_draft(out_dir: str | Path, target_dir: str | Path, kind: str, 
                 h[-1].weight.copy_(head if copy_next else torch.randn_like(head) * head.std())
         save_medusa(module, out_dir, str(target_dir))
     elif kind == "eagle":
-        module = EagleModel(target.config.get_text_config())
+        module = EagleModel(target.config.get_text_config(), reference_layout=reference_layout)
         if copy_next:
             H = head.shape[1]
             with torch.no_grad():
@@ -323,7 +326,19 @@ def build_learned_draft(out_dir: str | Path, target_dir: str | Path, kind: str, 
                 layer = module.decoder.layers[0]
                 layer.self_attn.o_proj.weight.zero_()
                 layer.mlp.down_proj.weight.zero_()
-        save_eagle(module, out_dir, str(target_dir))
+        if reference_layout:
+            state = {k.removeprefix("decoder."): v for k, v in module.state_dict().items()
+                     if not k.startswith(("decoder.embed_tokens", "decoder.norm", "decoder.rotary"))}
+            state["embed_tokens.weight"] = torch.randn(head.shape[0], head.shape[1])
+            out_dir.mkdir(parents=True, exist_ok=True)
+            torch.save(state, out_dir / "pytorch_model.bin")
+            module.config.save_pretrained(out_dir)
+            cfg = json.loads((out_dir / "config.json").read_text())
+            # As published EAGLE-1 configs: the target's vocabulary (vLLM sizes its embedding from it).
+            cfg.update(vocab_size=head.shape[0], architectures=["LlamaForCausalLM"])
+            (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
+        else:
+            save_eagle(module, out_dir, str(target_dir))
     else:
         cfg = target.config.get_text_config()
         V, H = head.shape

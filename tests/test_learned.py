@@ -120,9 +120,8 @@ def test_reference_layouts_load(repeater, drafts, tmp_path):
     import json
 
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
 
-    from batchspec.engine.learned import EagleModel
+    from batchspec.testing import build_learned_draft
 
     medusa = tmp_path / "medusa-ref"
     medusa.mkdir()
@@ -131,23 +130,9 @@ def test_reference_layouts_load(repeater, drafts, tmp_path):
     (medusa / "config.json").write_text(json.dumps({"base_model_name_or_path": str(repeater), "medusa_num_heads": 2,
                                                     "medusa_num_layers": 1}))
 
-    target = AutoModelForCausalLM.from_pretrained(repeater)
-    eagle = tmp_path / "eagle-ref"
-    module = EagleModel(target.config, reference_layout=True)
-    H = target.config.hidden_size
-    with torch.no_grad():  # a pass-through layer: the feature goes straight to the LM head
-        module.fc.weight.zero_()
-        module.fc.weight[:, H:] = torch.eye(H)
-        module.fc.bias.zero_()
-        module.decoder.layers[0].self_attn.o_proj.weight.zero_()
-        module.decoder.layers[0].mlp.down_proj.weight.zero_()
-    state = {k.removeprefix("decoder."): v for k, v in module.state_dict().items()
-             if not k.startswith(("decoder.embed_tokens", "decoder.norm", "decoder.rotary"))}
-    state["embed_tokens.weight"] = torch.randn(target.config.vocab_size, H)
-    assert not any("input_layernorm" in k for k in state)
-    eagle.mkdir()
-    torch.save(state, eagle / "pytorch_model.bin")
-    module.config.save_pretrained(eagle)
+    eagle = build_learned_draft(tmp_path / "eagle-ref", repeater, "eagle", copy_next=True, reference_layout=True)
+    state = torch.load(eagle / "pytorch_model.bin", weights_only=True)
+    assert "embed_tokens.weight" in state and not any("input_layernorm" in k or k.startswith("norm") for k in state)
 
     for kind, path in (("medusa", medusa), ("eagle", eagle)):
         engine = Engine.load(str(repeater), DraftSpec(kind=kind, path=str(path)))

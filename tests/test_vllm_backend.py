@@ -254,24 +254,41 @@ def test_auto_policy_on_vllm_probes_then_decides_each_shard(vllm_backend, tmp_pa
 
 
 @pytest.fixture(scope="module")
-def repeater_eagle3(tmp_path_factory):
+def repeater_drafts(tmp_path_factory):
     """A 128-wide target that repeats its last token (vLLM's CPU attention needs head_dim >= 32) and
-    an EAGLE-3 draft that copies it, with a draft vocabulary of 256 of its 512 ids: small engines
-    that start in seconds."""
+    learned drafts that copy it, saved as batchspec saves them: engines that start in seconds.
+    eagle3 has a draft vocabulary of 256 of the 512 ids; medusa's heads 1.. get a large bias towards
+    token 5 (head 0 stays a copy), so exactly the first proposal of each round is accepted if the
+    biases are read and all are if they are dropped; eagle is in the EAGLE-1 reference layout."""
     _require_vllm()
+    import torch
+    from safetensors.torch import load_file, save_file
+
     from batchspec.testing import build_learned_draft, build_repeater, build_tokenizer
 
-    root = tmp_path_factory.mktemp("eagle3-vllm")
+    root = tmp_path_factory.mktemp("learned-vllm")
     target = build_repeater(root / "repeater", build_tokenizer(root / "tokenizer"), size="small")
-    return target, build_learned_draft(root / "eagle3", target, "eagle3", copy_next=True, draft_vocab=256)
+    medusa = build_learned_draft(root / "medusa", target, "medusa", copy_next=True)
+    weights = load_file(str(medusa / "medusa_lm_head.safetensors"))
+    toward = weights["0.1.weight"][5] / 10  # the repeater's head is its embedding x 10
+    for head in range(1, 4):
+        weights[f"{head}.0.linear.bias"] = 100 * toward / toward.norm()
+    save_file(weights, str(medusa / "medusa_lm_head.safetensors"))
+    return target, {
+        "eagle3": build_learned_draft(root / "eagle3", target, "eagle3", copy_next=True, draft_vocab=256),
+        "medusa": medusa,
+        "eagle": build_learned_draft(root / "eagle", target, "eagle", copy_next=True, reference_layout=True),
+    }
 
 
-def test_vllm_reads_batchspec_eagle3_checkpoints_as_batchspec_does(repeater_eagle3):
-    """An EAGLE-3 draft saved by batchspec (the reference layout, with a draft vocabulary of half the
-    target's ids) handed to vLLM's eagle3 method: greedy rows equal the hf engine's, and vLLM accepts
-    exactly what batchspec's engine accepts. The target repeats its last token and the draft copies
-    it, so a row's every proposal is accepted when its token is in the draft vocabulary and none
-    when it is not: a layout read differently (layer ids, d2t, norms, fc) would show at once."""
+@pytest.mark.parametrize("kind", ["eagle3", "medusa", "eagle"])
+def test_vllm_reads_batchspec_learned_checkpoints_as_batchspec_does(repeater_drafts, kind):
+    """A learned draft as batchspec saves it (eagle3, medusa) or reads it (eagle: the EAGLE-1
+    reference layout) handed to vLLM's method of the same name: greedy rows equal the hf engine's,
+    and vLLM accepts what batchspec's engine accepts, row by row. The target repeats its last token
+    and the drafts copy it, except where the fixture makes them differ in a way a layout read
+    differently would miss (eagle3: rows whose token is outside the draft vocabulary accept
+    nothing; medusa: the heads' biases cut every round after its first token)."""
     import gc
 
     import torch
@@ -279,15 +296,18 @@ def test_vllm_reads_batchspec_eagle3_checkpoints_as_batchspec_does(repeater_eagl
     from batchspec.engine import DraftSpec, Engine
     from batchspec.engine.backend import load_backend
 
-    target, draft = repeater_eagle3
-    hf = Engine.load(str(target), DraftSpec(kind="eagle3", path=str(draft)))
-    in_vocab = set((torch.arange(256) + hf.draft_module.d2t).tolist())
-    lasts = [t for t in range(20, 200) if t in in_vocab][:4] + [t for t in range(20, 200) if t not in in_vocab][:2]
+    target, drafts = repeater_drafts
+    hf = Engine.load(str(target), DraftSpec(kind=kind, path=str(drafts[kind])))
+    ids = range(20, 200)
+    if kind == "eagle3":
+        vocab = set((torch.arange(256) + hf.draft_module.d2t).tolist())
+        ids = [t for t in ids if t in vocab][:4] + [t for t in ids if t not in vocab][:2]
+    lasts = list(ids)[:6]
     rows = [[7, 9, 11, t] for t in lasts]
     plain, _ = hf.generate(rows, 16, speculate=False)
     ours, _ = hf.generate(rows, 16, speculate=True, draft_length=3)
-    spec = load_spec(DEMO_JOB, [f"model.target={target}", "model.backend=vllm", "model.draft.kind=eagle3",
-                                f"model.draft.path={draft}"])
+    spec = load_spec(DEMO_JOB, [f"model.target={target}", "model.backend=vllm", f"model.draft.kind={kind}",
+                                f"model.draft.path={drafts[kind]}"])
     backend = load_backend("vllm", spec.model, k_default=3)
     try:
         theirs, _ = backend.generate(rows, 16, speculate=True, draft_length=3)
@@ -297,8 +317,13 @@ def test_vllm_reads_batchspec_eagle3_checkpoints_as_batchspec_does(repeater_eagl
     assert [o.token_ids for o in theirs] == [o.token_ids for o in ours] == [o.token_ids for o in plain]
     for o, mine, last in zip(theirs, ours, lasts):
         for s in (o.stats, mine.stats):
-            assert s.draft_tokens > 0
-            assert s.accepted_tokens == (s.draft_tokens if last in in_vocab else 0), (last, s)
+            assert s.draft_tokens > 0, (kind, s)
+            if kind == "eagle3":
+                assert s.accepted_tokens == (s.draft_tokens if last in vocab else 0), (kind, last, s)
+            elif kind == "medusa":
+                assert s.spec_rounds - 1 <= s.accepted_tokens <= s.spec_rounds, (kind, s)
+            else:
+                assert s.accepted_tokens == s.draft_tokens, (kind, s)
 
 
 def test_a_job_with_the_demo_eagle3_draft_runs_on_vllm(ray_session, tmp_path, hf_reference):
@@ -321,7 +346,7 @@ def test_a_job_with_the_demo_eagle3_draft_runs_on_vllm(ray_session, tmp_path, hf
     assert sum(r["accepted_tokens"] for r in rows) / sum(r["draft_tokens"] for r in rows) > 0.8
 
 
-def test_plain_engine_serves_the_calls_at_k0(repeater_eagle3):
+def test_plain_engine_serves_the_calls_at_k0(repeater_drafts):
     """model.vllm_plain_engine: a second engine without speculation takes the calls the policy runs
     plain (and the plain half of calibration); speculative calls stay on the speculative engine.
     Rows are the same either way."""
@@ -329,7 +354,8 @@ def test_plain_engine_serves_the_calls_at_k0(repeater_eagle3):
 
     from batchspec.engine.backend import load_backend
 
-    target, draft = repeater_eagle3
+    target, drafts = repeater_drafts
+    draft = drafts["eagle3"]
     spec = load_spec(DEMO_JOB, [f"model.target={target}", "model.backend=vllm", "model.draft.kind=eagle3",
                                 f"model.draft.path={draft}", "model.vllm_plain_engine=true"])
     backend = load_backend("vllm", spec.model, k_default=3)

@@ -64,12 +64,16 @@ def choose_backend(requested: str, draft_kind: str, gpu: bool = False) -> tuple[
         return "hf", "auto: vLLM is not installed"
     if draft_kind not in vllm_kinds:
         return "hf", f"auto: vLLM has no '{draft_kind}' draft{'' if gpu else ' on CPU'}, so batchspec's own engine serves it"
-    if draft_kind in ("medusa", "eagle"):
-        # batchspec saves these in its own layout, which vLLM does not read (it reads other
-        # conversions of them), so vLLM only on request. EAGLE-3 checkpoints are saved in the
-        # reference layout vLLM reads, tested row by row (tests/test_vllm_backend.py): auto -> vLLM.
-        return "hf", (f"auto: batchspec's engine reads '{draft_kind}' checkpoints (its own and the reference layouts); "
-                      "set model.backend: vllm to hand a checkpoint in vLLM's layout to vLLM")
+    if draft_kind == "eagle":
+        # batchspec saves EAGLE-1 drafts in its own layout (an input norm and a final norm), which
+        # vLLM does not read; the reference layout it does read (tests/test_vllm_backend.py).
+        return "hf", ("auto: batchspec's engine reads 'eagle' checkpoints in its own layout and the reference one; "
+                      "set model.backend: vllm to hand a reference-layout checkpoint to vLLM")
+    if draft_kind == "medusa":
+        # vLLM reads the Medusa checkpoints batchspec saves (tested row by row) but verifies the chain
+        # only; batchspec's engine also verifies trees (draft.tree_width).
+        return "hf", ("auto: batchspec's engine serves 'medusa' with chain or tree verification; set model.backend: "
+                      "vllm for vLLM's (chain only)")
     return "vllm", "auto: vLLM is installed and serves this draft kind"
 
 

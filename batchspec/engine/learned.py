@@ -443,7 +443,9 @@ def save_medusa(heads: MedusaHeads, out: Path, base: str) -> None:
     first = heads.heads[0][-1].weight
     (out / "config.json").write_text(json.dumps({
         "medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.num_layers, "hidden_size": first.shape[1],
-        "vocab_size": first.shape[0], "base_model_name_or_path": base, "batchspec_draft": "medusa"}, indent=2))
+        "vocab_size": first.shape[0], "base_model_name_or_path": base, "batchspec_draft": "medusa",
+        # The residual blocks have biases (as in the reference); vLLM drops them unless told.
+        "medusa_fc_bias": True}, indent=2))
     save_file({k: v.contiguous() for k, v in heads.heads.state_dict().items()}, str(out / "medusa_lm_head.safetensors"))
 
 
