@@ -348,3 +348,36 @@ def test_eagle3_reference_layout_and_vocabulary_map(repeater, drafts, tmp_path):
         Engine.load(str(target), DraftSpec(kind="eagle3", path=str(bad)))
     with pytest.raises(ModelLoadError, match="not an EAGLE-3 checkpoint"):
         Engine.load(str(target), DraftSpec(kind="eagle3", path=str(drafts[("eagle", False)][1])))
+    variant = tmp_path / "variant"
+    shutil.copytree(ref, variant)
+    (variant / "config.json").write_text(json.dumps({**cfg, "norm_before_fc": True}))
+    with pytest.raises(ModelLoadError, match="norm_before_fc, which batchspec's engine does not read"):
+        Engine.load(str(target), DraftSpec(kind="eagle3", path=str(variant)))
+
+
+def test_eagle3_norm_before_residual_variant(repeater, tmp_path):
+    """norm_before_residual (a flag vLLM reads): the normed h, not h, is the layer's residual. A
+    copying draft whose h is the repeater's embedding x 10 is exact either way; the flag shows in
+    the layer's output, whose scale is then the norm's (unit RMS), and output stays exact."""
+    import json
+    import shutil
+
+    from batchspec.testing import build_learned_draft
+
+    base = build_learned_draft(tmp_path / "plain", repeater, "eagle3", copy_next=True)
+    flagged = tmp_path / "flagged"
+    shutil.copytree(base, flagged)
+    cfg = json.loads((flagged / "config.json").read_text())
+    (flagged / "config.json").write_text(json.dumps({**cfg, "norm_before_residual": True}))
+    outs = {}
+    for name, path in (("plain", base), ("flagged", flagged)):
+        engine = Engine.load(str(repeater), DraftSpec(kind="eagle3", path=str(path)))
+        h = torch.randn(1, 3, engine.draft_module.config.hidden_size) * 10
+        with torch.no_grad():
+            outs[name] = engine.draft_module.predict(torch.tensor([[5, 6, 7]]), h)
+        rows = engine.tokenize(["the lease", "a"])
+        plain, _ = engine.generate(rows, max_new_tokens=12, speculate=False)
+        spec, _ = engine.generate(rows, max_new_tokens=12, speculate=True, draft_length=3)
+        assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    rms = {k: float(v.pow(2).mean().sqrt()) for k, v in outs.items()}
+    assert rms["plain"] > 5 and rms["flagged"] < 2, rms

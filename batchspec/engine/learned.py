@@ -160,11 +160,17 @@ class Eagle3Layer(nn.Module):
         self.input_layernorm, self.post_attention_layernorm = base.input_layernorm, base.post_attention_layernorm
         self.hidden_norm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
         self.H = H
+        # Some checkpoints (vLLM reads the flag; the speculators format defaults it on) make the
+        # normed h the residual instead of h itself.
+        self.norm_before_residual = bool(getattr(cfg, "norm_before_residual", False))
 
     def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
                 position_embeddings=None, **kwargs):
         embeds, h = hidden_states[..., : self.H], hidden_states[..., self.H:]
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(h)], -1)
+        normed = self.hidden_norm(h)
+        if self.norm_before_residual:
+            h = normed
+        x = torch.cat([self.input_layernorm(embeds), normed], -1)
         x, _ = self.self_attn(hidden_states=x, attention_mask=attention_mask, position_ids=position_ids,
                               past_key_values=past_key_values, use_cache=use_cache,
                               position_embeddings=position_embeddings, **kwargs)
@@ -507,6 +513,10 @@ def load_eagle3(source: str, target: nn.Module, storage_options: dict | None = N
     if target_hidden != head.shape[1]:
         raise ModelLoadError(f"{source}: EAGLE-3 draft for features of width {target_hidden}, but the target's have "
                              f"{head.shape[1]}")
+    variant = [f for f in ("norm_before_fc", "fc_norm", "norm_output") if getattr(config, f, False)]
+    if variant:
+        raise ModelLoadError(f"{source}: EAGLE-3 variant with {', '.join(variant)}, which batchspec's engine does not "
+                             "read; set model.backend: vllm to hand it to vLLM")
     weights = _state_dict(folder, ("model", "pytorch_model"))
     if "fc.weight" not in weights or not any(k.startswith(("midlayer.", "layers.0.")) for k in weights):
         raise ModelLoadError(f"{source}: not an EAGLE-3 checkpoint (needs fc.* and midlayer.* or layers.0.*)")
@@ -538,7 +548,7 @@ def save_eagle3(model: Eagle3Model, out: Path, base: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
             "rms_norm_eps", "max_position_embeddings", "rope_parameters", "rope_theta", "rope_scaling",
-            "attention_bias", "mlp_bias", "dtype")
+            "attention_bias", "mlp_bias", "dtype", "norm_before_residual")
     cfg = {k: v for k, v in model.config.to_dict().items() if k in keep}
     cfg.update({"architectures": [EAGLE3_ARCH], "model_type": "llama", "num_hidden_layers": 1,
                 "vocab_size": model.target_vocab, "draft_vocab_size": model.draft_vocab, "tie_word_embeddings": False,
