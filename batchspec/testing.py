@@ -186,6 +186,38 @@ def build_repeater(out_dir: str | Path, tokenizer_dir: str | Path, size: str = "
     return path
 
 
+def to_speculators(src: str | Path, dst: str | Path, k: int = 3) -> Path:
+    """An EAGLE-3 checkpoint saved by batchspec rewritten in the speculators format (the layout of
+    vLLM-project/speculators releases): model_type "speculators", the layer's config under
+    transformer_layer_config, the EAGLE-3 fields at the top, weights under layers.0.* instead of
+    midlayer.*, and norm_before_residual stated (that format's default is on)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    cfg = json.loads((src / "config.json").read_text())
+    top = {key: cfg.pop(key) for key in ("draft_vocab_size", "target_hidden_size") if key in cfg}
+    layers = cfg.pop("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids")
+    for key in ("architectures", "batchspec_draft", "base_model_name_or_path"):
+        cfg.pop(key, None)
+    # vLLM sizes fc from this in the speculators format (it assumes 3 layers without it).
+    cfg["num_aux_hidden_states"] = len(layers)
+    out = {"model_type": "speculators", "speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+           "transformer_layer_config": cfg, **top, "eagle_aux_hidden_state_layer_ids": layers,
+           "norm_before_residual": bool(cfg.pop("norm_before_residual", False)),
+           "speculators_config": {"proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k}],
+                                  "default_proposal_method": "greedy", "verifier": {"name_or_path": "target"}}}
+    (dst / "config.json").write_text(json.dumps(out, indent=2))
+    weights = load_file(str(src / "model.safetensors"))
+    save_file({("layers.0." + key.removeprefix("midlayer.") if key.startswith("midlayer.") else key): value
+               for key, value in weights.items()}, str(dst / "model.safetensors"))
+    for extra in src.glob("*.md"):
+        shutil.copy(extra, dst)
+    return dst
+
+
 def _sharpen(model) -> None:
     """Scale the output head so the random model's next-token distribution is peaked.
 

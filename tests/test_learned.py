@@ -381,3 +381,30 @@ def test_eagle3_norm_before_residual_variant(repeater, tmp_path):
         assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
     rms = {k: float(v.pow(2).mean().sqrt()) for k, v in outs.items()}
     assert rms["plain"] > 5 and rms["flagged"] < 2, rms
+
+
+def test_eagle3_speculators_format(repeater, drafts, tmp_path):
+    """The speculators format (the layer's config nested, layers.0.*, norm_before_residual) loads
+    into the same drafter: the EAGLE-3 fields and layer ids are read, and a copying draft keeps
+    every proposal accepted and the output exact."""
+    from batchspec.testing import to_speculators
+
+    target, path = drafts[("eagle3", True)]
+    converted = to_speculators(path, tmp_path / "speculators")
+    engine = Engine.load(str(target), DraftSpec(kind="eagle3", path=str(converted)))
+    reference = Engine.load(str(target), DraftSpec(kind="eagle3", path=str(path)))
+    assert engine.draft_module.feature_layers == reference.draft_module.feature_layers
+    assert not engine.draft_module.decoder.layers[0].norm_before_residual  # stated as off by the conversion
+    rows = engine.tokenize(["the lease", "a", "the tenant shall pay"])
+    plain, _ = engine.generate(rows, max_new_tokens=16, speculate=False)
+    spec, _ = engine.generate(rows, max_new_tokens=16, speculate=True, draft_length=3)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    drafted = sum(o.stats.draft_tokens for o in spec)
+    assert drafted > 0 and sum(o.stats.accepted_tokens for o in spec) == drafted
+    import json
+
+    cfg = json.loads((converted / "config.json").read_text())
+    del cfg["norm_before_residual"]  # the format's default: on
+    (converted / "config.json").write_text(json.dumps(cfg))
+    engine = Engine.load(str(target), DraftSpec(kind="eagle3", path=str(converted)))
+    assert engine.draft_module.decoder.layers[0].norm_before_residual

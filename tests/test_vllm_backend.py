@@ -259,12 +259,13 @@ def repeater_drafts(tmp_path_factory):
     learned drafts that copy it, saved as batchspec saves them: engines that start in seconds.
     eagle3 has a draft vocabulary of 256 of the 512 ids; medusa's heads 1.. get a large bias towards
     token 5 (head 0 stays a copy), so exactly the first proposal of each round is accepted if the
-    biases are read and all are if they are dropped; eagle is in the EAGLE-1 reference layout."""
+    biases are read and all are if they are dropped; eagle is in the EAGLE-1 reference layout; the
+    EAGLE-3 draft is also given in the speculators format."""
     _require_vllm()
     import torch
     from safetensors.torch import load_file, save_file
 
-    from batchspec.testing import build_learned_draft, build_repeater, build_tokenizer
+    from batchspec.testing import build_learned_draft, build_repeater, build_tokenizer, to_speculators
 
     root = tmp_path_factory.mktemp("learned-vllm")
     target = build_repeater(root / "repeater", build_tokenizer(root / "tokenizer"), size="small")
@@ -274,15 +275,17 @@ def repeater_drafts(tmp_path_factory):
     for head in range(1, 4):
         weights[f"{head}.0.linear.bias"] = 100 * toward / toward.norm()
     save_file(weights, str(medusa / "medusa_lm_head.safetensors"))
+    eagle3 = build_learned_draft(root / "eagle3", target, "eagle3", copy_next=True, draft_vocab=256)
     return target, {
-        "eagle3": build_learned_draft(root / "eagle3", target, "eagle3", copy_next=True, draft_vocab=256),
+        "eagle3": eagle3,
+        "eagle3-speculators": to_speculators(eagle3, root / "eagle3-speculators"),
         "medusa": medusa,
         "eagle": build_learned_draft(root / "eagle", target, "eagle", copy_next=True, reference_layout=True),
     }
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "medusa", "eagle"])
-def test_vllm_reads_batchspec_learned_checkpoints_as_batchspec_does(repeater_drafts, kind):
+@pytest.mark.parametrize("name", ["eagle3", "eagle3-speculators", "medusa", "eagle"])
+def test_vllm_reads_batchspec_learned_checkpoints_as_batchspec_does(repeater_drafts, name):
     """A learned draft as batchspec saves it (eagle3, medusa) or reads it (eagle: the EAGLE-1
     reference layout) handed to vLLM's method of the same name: greedy rows equal the hf engine's,
     and vLLM accepts what batchspec's engine accepts, row by row. The target repeats its last token
@@ -297,7 +300,8 @@ def test_vllm_reads_batchspec_learned_checkpoints_as_batchspec_does(repeater_dra
     from batchspec.engine.backend import load_backend
 
     target, drafts = repeater_drafts
-    hf = Engine.load(str(target), DraftSpec(kind=kind, path=str(drafts[kind])))
+    kind = name.split("-")[0]
+    hf = Engine.load(str(target), DraftSpec(kind=kind, path=str(drafts[name])))
     ids = range(20, 200)
     if kind == "eagle3":
         vocab = set((torch.arange(256) + hf.draft_module.d2t).tolist())
@@ -307,7 +311,7 @@ def test_vllm_reads_batchspec_learned_checkpoints_as_batchspec_does(repeater_dra
     plain, _ = hf.generate(rows, 16, speculate=False)
     ours, _ = hf.generate(rows, 16, speculate=True, draft_length=3)
     spec = load_spec(DEMO_JOB, [f"model.target={target}", "model.backend=vllm", f"model.draft.kind={kind}",
-                                f"model.draft.path={drafts[kind]}"])
+                                f"model.draft.path={drafts[name]}"])
     backend = load_backend("vllm", spec.model, k_default=3)
     try:
         theirs, _ = backend.generate(rows, 16, speculate=True, draft_length=3)

@@ -33,7 +33,8 @@ Checkpoint layouts (what `draft.path` points at; a local dir, an s3:// prefix or
             eagle_config; default layers 2, n/2, n-3 as vLLM) + model.safetensors or
             pytorch_model.bin with fc.*, midlayer.* (q/k/v over 2x the width, hidden_norm), norm.*,
             lm_head.*, d2t (draft id -> target id offset), t2d; embed_tokens.* if present,
-            otherwise the target's embedding.
+            otherwise the target's embedding. Configs in the speculators format (the layer's
+            config under transformer_layer_config) are read too.
 
 Verification is the engine's usual chain (greedy or rejection sampling), so output is exact
 whatever the heads propose.
@@ -495,13 +496,33 @@ def save_eagle(model: EagleModel, out: Path, base: str) -> None:
 EAGLE3_ARCH = "LlamaForCausalLMEagle3"
 
 
-def load_eagle3(source: str, target: nn.Module, storage_options: dict | None = None) -> Eagle3Model:
-    """The EAGLE-3 reference layout (the module docstring), as its published checkpoints and vLLM
-    have it: midlayer.* (or layers.0.*), fc.*, norm.*, lm_head.*, d2t, t2d, optional embed_tokens."""
+def _eagle3_config(folder: Path, source: str):
+    """The draft layer's LlamaConfig from a reference config.json, or from the speculators format
+    (speculators_model_type eagle3: the layer's config nested under transformer_layer_config, the
+    EAGLE-3 fields at the top, norm_before_residual on unless it says otherwise, as vLLM reads it)."""
     from transformers import LlamaConfig
 
+    raw = json.loads((folder / "config.json").read_text())
+    kind = raw.get("speculators_model_type")
+    if kind is None:
+        return LlamaConfig.from_pretrained(folder)
+    if kind != "eagle3":
+        raise ModelLoadError(f"{source}: a speculators '{kind}' checkpoint; batchspec's engine reads eagle3 ones")
+    fields = dict(raw.get("transformer_layer_config") or {})
+    for key in ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "norm_before_fc",
+                "fc_norm", "norm_output"):
+        if key in raw:
+            fields[key] = raw[key]
+    fields["norm_before_residual"] = raw.get("norm_before_residual", True)
+    return LlamaConfig(**{k: v for k, v in fields.items() if k not in ("model_type", "architectures")})
+
+
+def load_eagle3(source: str, target: nn.Module, storage_options: dict | None = None) -> Eagle3Model:
+    """The EAGLE-3 reference layout (the module docstring), as its published checkpoints and vLLM
+    have it: midlayer.* (or layers.0.*), fc.*, norm.*, lm_head.*, d2t, t2d, optional embed_tokens;
+    the config in the reference form or the speculators one."""
     folder = _local_dir(source, storage_options)
-    config = LlamaConfig.from_pretrained(folder)
+    config = _eagle3_config(folder, source)
     head = target.get_output_embeddings().weight
     n_layers = target.config.get_text_config().num_hidden_layers
     layers = getattr(config, "eagle_aux_hidden_state_layer_ids", None) \

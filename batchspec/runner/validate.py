@@ -103,14 +103,14 @@ def learned_draft_problem(path: str, kind: str) -> None:
     cfg = json.loads(open(cached_file(path, "config.json")).read())
     if kind == "medusa" and "medusa_num_heads" not in cfg:
         raise ValueError("config.json has no medusa_num_heads; not a Medusa checkpoint")
-    eagle3 = "draft_vocab_size" in cfg or any("eagle3" in a.lower() for a in cfg.get("architectures") or [])
+    eagle3 = "draft_vocab_size" in cfg or cfg.get("speculators_model_type") == "eagle3" or any(
+        "eagle3" in a.lower() for a in cfg.get("architectures") or [])
     if kind == "eagle" and eagle3:
         raise ValueError("an EAGLE-3 checkpoint (draft vocabulary, fused features): set model.draft.kind: eagle3")
     if kind == "eagle3" and "medusa_num_heads" in cfg:
         raise ValueError("config.json names medusa_num_heads; a Medusa checkpoint, not EAGLE-3")
-    if kind == "eagle3" and "speculators_model_type" in cfg:
-        raise ValueError("a checkpoint in the speculators format, which batchspec's engine does not read; set "
-                         "model.backend: vllm to hand it to vLLM")
+    if kind == "eagle3" and cfg.get("speculators_model_type", "eagle3") != "eagle3":
+        raise ValueError(f"a speculators '{cfg['speculators_model_type']}' checkpoint, not eagle3")
 
 
 def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None = None) -> list[str]:
