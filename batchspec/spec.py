@@ -52,9 +52,9 @@ class DraftSpecModel(_Strict):
     bits: Literal[4, 8] = Field(8, description="kind=quantized: weight bits (8 on CPU; 8 or 4 on CUDA with torchao).")
     layers: int | None = Field(None, ge=1, description="kind=layer_skip: how many of the target's first layers the draft runs (default a quarter).")
     max_ngram: int = Field(3, ge=1, description="kind=ngram: longest suffix matched against the prompt and output so far.")
-    tree_width: int = Field(1, ge=1, le=8, description="kind=medusa: candidates per position; above 1 the chain of first "
-                            "choices and each position's next-best guesses are verified as a tree in one pass "
-                            "(greedy decoding; sampling verifies the chain).")
+    tree_width: int = Field(1, ge=1, le=8, description="kind=medusa, eagle, eagle3: candidates per position; above 1 "
+                            "the chain of first choices and each position's next-best guesses are verified as a tree "
+                            "in one pass (hf backend, greedy decoding; sampling verifies the chain).")
 
     @model_validator(mode="after")
     def _model_needs_path(self):

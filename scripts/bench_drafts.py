@@ -32,9 +32,10 @@ def kinds() -> dict:
     for kind in ("medusa", "eagle", "eagle3"):
         if (MODELS / f"legal-{kind}" / "config.json").exists():
             out[kind] = DraftSpec(kind, path=str(MODELS / f"legal-{kind}"))
-    if "medusa" in out:  # tree verification: each head's top 2 / top 3 in one pass
-        for width in (2, 3):
-            out[f"medusa_tree{width}"] = DraftSpec("medusa", path=str(MODELS / "legal-medusa"), tree_width=width)
+    for kind in ("medusa", "eagle", "eagle3"):  # tree verification: each position's top 2 / top 3 in one pass
+        if kind in out:
+            for width in (2, 3):
+                out[f"{kind}_tree{width}"] = DraftSpec(kind, path=str(MODELS / f"legal-{kind}"), tree_width=width)
     return out
 
 

@@ -133,22 +133,23 @@ def forward_with_features(
 
 def forward_tree(
     model: torch.nn.Module, state: KVState, input_ids: torch.Tensor, positions: torch.Tensor, tree: torch.Tensor,
+    layers: tuple[int, ...] | None = None,
 ) -> tuple[torch.Tensor, KVState, torch.Tensor]:
     """Append T tree nodes to every row in one pass: node i sees the row's cache and the nodes j
     with tree[i, j] (its ancestors and itself); positions [B, T] are explicit (a node's depth).
     Returns logits [B, T, V], the state with all T columns real (roll the rejected ones back),
-    and the features the LM head read."""
+    and the features a learned draft reads (capture_features: the LM head's input, or layers')."""
     B, T = input_ids.shape
     S = state.mask.shape[1]
     visible = torch.cat([state.mask.bool()[:, None, None, :].expand(B, 1, T, S),
                          tree.bool()[None, None].expand(B, 1, T, T)], dim=-1)
     dtype = next(model.parameters()).dtype
     mask4d = torch.zeros(B, 1, T, S + T, dtype=dtype, device=input_ids.device).masked_fill(~visible, torch.finfo(dtype).min)
-    with capture_head_input(model) as captured:
+    with capture_features(model, layers) as features:
         out = model(input_ids=input_ids, attention_mask=mask4d, position_ids=positions, use_cache=True,
                     **{_cache_kwarg(model): state.cache})
     mask = torch.cat([state.mask, torch.ones_like(input_ids)], dim=1)
-    return out.logits, KVState(state.cache, mask, state.next_pos + T), captured[-1]
+    return out.logits, KVState(state.cache, mask, state.next_pos + T), features()
 
 
 @functools.lru_cache(maxsize=None)

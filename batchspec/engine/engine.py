@@ -27,7 +27,7 @@ class DraftSpec:
     bits: int = 8  # kind=quantized
     layers: int | None = None  # kind=layer_skip; default: a quarter of the target's layers
     max_ngram: int = 3  # kind=ngram: longest suffix looked up
-    tree_width: int = 1  # kind=medusa: candidates per position; > 1 verifies a tree (greedy)
+    tree_width: int = 1  # kind=medusa, eagle, eagle3: candidates per position; > 1 verifies a tree (greedy)
 
 
 @dataclass
@@ -122,7 +122,7 @@ class Engine:
 
             if self.draft.kind == "medusa":
                 return MedusaDraft(self.draft_module, self.vocab_size, self.draft.tree_width)
-            return EagleDraft(self.draft_module, self.vocab_size, self.tokenizer.pad_token_id)
+            return EagleDraft(self.draft_module, self.vocab_size, self.tokenizer.pad_token_id, self.draft.tree_width)
         if self.draft_module is None:
             return None
         return ModelDraft(self.draft_module, self.draft.kind, self.vocab_size, self.tokenizer.pad_token_id)

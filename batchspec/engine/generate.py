@@ -241,7 +241,7 @@ def generate(
         #    and the accepted draft tokens (invariant in cache.py).
         if siblings is not None:  # a tree: the chain plus other candidates at each depth
             n, next_token, draft_tokens, state, feats = _verify_tree(model, state, pending, draft_tokens, siblings,
-                                                                     lengths)
+                                                                     lengths, layers)
         else:
             if features:
                 logits, state, feats = kv.forward_with_features(model, state, step_ids, torch.ones_like(step_ids),
@@ -302,8 +302,9 @@ def generate(
     return BatchResult(outputs, rounds, prefill_s, draft_prefill_s)
 
 
-def _verify_tree(model, state, pending, spine, siblings, lengths):
-    """Greedy verification of a draft tree in one target pass (Medusa's tree attention).
+def _verify_tree(model, state, pending, spine, siblings, lengths, layers=None):
+    """Greedy verification of a draft tree in one target pass (Medusa's tree attention; EAGLE's
+    drafts use it too, with the layers their features come from).
 
     The tree is the chain `spine` [B, k] (each head's first choice) plus, at each depth d, w-1
     other candidates `siblings` [B, k, w-1] that continue the spine's first d-1 tokens. Columns:
@@ -328,7 +329,7 @@ def _verify_tree(model, state, pending, spine, siblings, lengths):
     tree = (col[None, :] == 0) | (col[None, :] == col[:, None]) | ((col[None, :] >= 1) & (col[None, :] < depth[:, None]))
     ids = torch.cat([pending[:, None], spine, siblings.reshape(B, k * w1)], dim=1)
     positions = state.next_pos[:, None] + depth[None, :]
-    logits, state, feats = kv.forward_tree(model, state, ids, positions, tree)
+    logits, state, feats = kv.forward_tree(model, state, ids, positions, tree, layers)
     pred = logits.argmax(-1)  # [B, T]: the target's token after each node
     n_spine = accepted_prefix(spine == pred[:, :k], lengths)  # [B]
     # At depth n_spine + 1 (where the spine failed), does a sibling match the target's token?

@@ -306,8 +306,8 @@ class EagleDraft:
 
     needs_features = True
 
-    def __init__(self, model: "EagleModel | Eagle3Model", vocab_size: int, pad_id: int):
-        self.model, self.vocab_size, self.pad_id = model, vocab_size, pad_id
+    def __init__(self, model: "EagleModel | Eagle3Model", vocab_size: int, pad_id: int, tree_width: int = 1):
+        self.model, self.vocab_size, self.pad_id, self.tree_width = model, vocab_size, pad_id, tree_width
         self.kind = "eagle3" if isinstance(model, Eagle3Model) else "eagle"
         self.feature_layers = model.feature_layers
         self.state: kv.KVState | None = None
@@ -340,10 +340,15 @@ class EagleDraft:
             feats[b, W - f.shape[0]:] = f
         self.model.features = feats
         logits, self.state = kv.forward(self.model, self.state, toks, mask, last_only=True)
-        tokens, probs = [], []
+        tokens, probs, siblings = [], [], []
+        tree = params.greedy and self.tree_width > 1
         for j in range(k):
             step = fit_vocab(logits[:, -1], self.vocab_size)
-            if params.greedy:
+            if tree:  # the chain follows the first choice; the next-best guesses are verified beside it
+                top = step.topk(self.tree_width, dim=-1).indices
+                token = top[:, 0]
+                siblings.append(top[:, 1:])
+            elif params.greedy:
                 token = step.argmax(-1)
             else:
                 p = logits_to_probs(step.float(), params)
@@ -355,7 +360,8 @@ class EagleDraft:
                 ones = torch.ones_like(token)[:, None]
                 logits, self.state = kv.forward(self.model, self.state, token[:, None], ones, last_only=True)
         self._W, self._k = W, k
-        return Proposal(torch.stack(tokens, 1), lengths, torch.stack(probs, 1) if probs else None)
+        return Proposal(torch.stack(tokens, 1), lengths, torch.stack(probs, 1) if probs else None,
+                        siblings=torch.stack(siblings, 1) if siblings else None)
 
     @torch.inference_mode()
     def accept(self, n_accepted: list[int], emitted: list[list[int]], proposed: bool, features: torch.Tensor) -> None:
