@@ -262,7 +262,6 @@ def repeater_drafts(tmp_path_factory):
     biases are read and all are if they are dropped; eagle is in the EAGLE-1 reference layout; the
     EAGLE-3 draft is also given in the speculators format."""
     _require_vllm()
-    import torch
     from safetensors.torch import load_file, save_file
 
     from batchspec.testing import build_learned_draft, build_repeater, build_tokenizer, to_speculators
