@@ -372,26 +372,20 @@ def build_learned_draft(out_dir: str | Path, target_dir: str | Path, kind: str, 
         else:
             save_eagle(module, out_dir, str(target_dir))
     else:
-        cfg = target.config.get_text_config()
         V, H = head.shape
-        n = cfg.num_hidden_layers
-        # copy_next reads only the last layer's output (fc = identity) and adds nothing to it.
+        n = target.config.get_text_config().num_hidden_layers
+        # copy_next reads only the last layer's output (fc = identity) and adds nothing to it, so
+        # the target's own norm and head rows (from_target's start) give back the token fed.
         layers = (n,) if copy_next else default_feature_layers(n)
-        cfg.draft_vocab_size = draft_vocab or V
-        module = Eagle3Model(cfg, V, layers)
-        ids = torch.arange(V) if draft_vocab is None else torch.randperm(V)[:draft_vocab].sort().values
+        ids = None if draft_vocab is None else torch.randperm(V)[:draft_vocab].sort().values
+        module = Eagle3Model.from_target(target, layers, ids)
         with torch.no_grad():
-            module.d2t.copy_(ids - torch.arange(len(ids)))
             if copy_next:
                 module.fc.weight.copy_(torch.eye(H))
                 layer = module.decoder.layers[0]
                 layer.self_attn.o_proj.weight.zero_()
                 layer.mlp.down_proj.weight.zero_()
-                final_norm = target.get_decoder().norm
-                module.norm.weight.copy_(final_norm.weight)
-                module.norm.variance_epsilon = final_norm.variance_epsilon
-                module.lm_head.weight.copy_(head[ids])
             else:
-                module.lm_head.weight.copy_(torch.randn(len(ids), H) * head.std())
+                module.lm_head.weight.copy_(torch.randn(module.draft_vocab, H) * head.std())
         save_eagle3(module, out_dir, str(target_dir))
     return out_dir

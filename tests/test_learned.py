@@ -353,6 +353,8 @@ def test_eagle3_reference_layout_and_vocabulary_map(repeater, drafts, tmp_path):
         Engine.load(str(target), DraftSpec(kind="eagle3", path=str(bad)))
     with pytest.raises(ModelLoadError, match="not an EAGLE-3 checkpoint"):
         Engine.load(str(target), DraftSpec(kind="eagle3", path=str(drafts[("eagle", False)][1])))
+    with pytest.raises(ModelLoadError, match="set model.draft.kind: eagle3"):  # the check validate runs too
+        Engine.load(str(target), DraftSpec(kind="eagle", path=str(ref)))
     variant = tmp_path / "variant"
     shutil.copytree(ref, variant)
     (variant / "config.json").write_text(json.dumps({**cfg, "norm_before_fc": True}))

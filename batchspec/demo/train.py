@@ -261,19 +261,11 @@ def train_eagle3(target_dir: Path, tok_dir: Path, out: Path, steps: int, lr: flo
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(tok_dir)
     target, features = _frozen_target(target_dir, EAGLE3_LAYERS)
-    head = target.get_output_embeddings().weight
-    V = head.shape[0]
+    V = target.get_output_embeddings().weight.shape[0]
     ids_of = draft_vocabulary(features, tok, V, vocab, seed)
     to_draft = torch.full((V,), -100, dtype=torch.long)
     to_draft[ids_of] = torch.arange(len(ids_of))
-    cfg = target.config.get_text_config()
-    cfg.draft_vocab_size = len(ids_of)
-    module = Eagle3Model(cfg, V, EAGLE3_LAYERS)
-    with torch.no_grad():
-        module.d2t.copy_(ids_of - torch.arange(len(ids_of)))
-        module.lm_head.weight.copy_(head[ids_of])
-        module.norm.weight.copy_(target.get_decoder().norm.weight)
-    module.attach(target)
+    module = Eagle3Model.from_target(target, EAGLE3_LAYERS, ids_of).attach(target)
     params = [p for p in module.parameters() if p.requires_grad]
 
     def step_loss(ids, mask, _labels, feats, teacher):

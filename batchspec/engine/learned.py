@@ -213,6 +213,25 @@ class Eagle3Model(nn.Module):
         self.features: torch.Tensor | None = None
         self.last_hidden: torch.Tensor | None = None
 
+    @classmethod
+    def from_target(cls, target: nn.Module, feature_layers: tuple[int, ...],
+                    vocab_ids: torch.Tensor | None = None) -> "Eagle3Model":
+        """A new draft shaped like one of the target's layers, its draft vocabulary the sorted
+        target ids `vocab_ids` (all of them when None), its LM head starting at the target's rows
+        for those ids and its final norm at the target's: where training starts."""
+        import copy
+
+        head = target.get_output_embeddings().weight
+        ids = torch.arange(head.shape[0]) if vocab_ids is None else vocab_ids
+        cfg = copy.deepcopy(target.config.get_text_config())
+        cfg.draft_vocab_size = len(ids)
+        model = cls(cfg, head.shape[0], feature_layers)
+        with torch.no_grad():
+            model.d2t.copy_(ids - torch.arange(len(ids)))
+            model.lm_head.weight.copy_(head[ids])
+            model.norm.weight.copy_(target.get_decoder().norm.weight)
+        return model
+
     def attach(self, target: nn.Module) -> "Eagle3Model":
         object.__setattr__(self, "embed", self.own_embed if self.own_embed is not None else target.get_input_embeddings())
         return self
@@ -420,6 +439,32 @@ def _state_dict(folder: Path, stems: tuple[str, ...]) -> dict:
     raise ModelLoadError(f"no weights in {folder} (looked for {', '.join(s + '.safetensors|.pt|.bin' for s in stems)})")
 
 
+def config_problem(kind: str, cfg: dict) -> str | None:
+    """What makes a checkpoint's config.json wrong for draft kind `kind`, from the config alone: the
+    loaders check it before reading weights, and `batchspec validate` on the driver, where weights
+    are not fetched. None when nothing is."""
+    if kind == "medusa":
+        return None if "medusa_num_heads" in cfg else "config.json has no medusa_num_heads; not a Medusa checkpoint"
+    if kind == "eagle3" and "medusa_num_heads" in cfg:
+        return "config.json names medusa_num_heads; a Medusa checkpoint, not EAGLE-3"
+    speculators = cfg.get("speculators_model_type")
+    if kind == "eagle3" and speculators not in (None, "eagle3"):
+        return f"a speculators '{speculators}' checkpoint, not eagle3"
+    eagle3 = "draft_vocab_size" in cfg or speculators == "eagle3" or any(
+        "eagle3" in a.lower() for a in cfg.get("architectures") or [])
+    if kind == "eagle" and eagle3:
+        return "an EAGLE-3 checkpoint (draft vocabulary, fused features): set model.draft.kind: eagle3"
+    return None
+
+
+def _checked_config(folder: Path, source: str, kind: str) -> dict:
+    cfg = json.loads((folder / "config.json").read_text())
+    problem = config_problem(kind, cfg)
+    if problem:
+        raise ModelLoadError(f"{source}: {problem}")
+    return cfg
+
+
 def load_medusa(source: str, target: nn.Module, storage_options: dict | None = None) -> MedusaHeads:
     """Heads in the Medusa reference layout: config.json names medusa_num_heads and
     medusa_num_layers (published configs carry nothing else: width and vocabulary come from the
@@ -427,9 +472,7 @@ def load_medusa(source: str, target: nn.Module, storage_options: dict | None = N
     "{head}.{num_layers}.weight". A file may hold more heads than its config names
     (FasterDecoding/medusa-vicuna-7b-v1.3: 5 in the file, 2 in the config): the config decides."""
     folder = _local_dir(source, storage_options)
-    cfg = json.loads((folder / "config.json").read_text())
-    if "medusa_num_heads" not in cfg:
-        raise ModelLoadError(f"{source}: config.json has no medusa_num_heads; not a Medusa checkpoint")
+    cfg = _checked_config(folder, source, "medusa")
     K, L = int(cfg["medusa_num_heads"]), int(cfg.get("medusa_num_layers", 1))
     weights = _state_dict(folder, ("medusa_lm_head", "model"))
     weights = {k.removeprefix("medusa_head.").removeprefix("heads."): v for k, v in weights.items()}
@@ -469,6 +512,7 @@ def load_eagle(source: str, target: nn.Module, storage_options: dict | None = No
     from transformers import LlamaConfig
 
     folder = _local_dir(source, storage_options)
+    _checked_config(folder, source, "eagle")
     config = LlamaConfig.from_pretrained(folder)
     head = target.get_output_embeddings().weight
     if config.hidden_size != head.shape[1]:
@@ -508,12 +552,9 @@ def _eagle3_config(folder: Path, source: str):
     EAGLE-3 fields at the top, norm_before_residual on unless it says otherwise, as vLLM reads it)."""
     from transformers import LlamaConfig
 
-    raw = json.loads((folder / "config.json").read_text())
-    kind = raw.get("speculators_model_type")
-    if kind is None:
+    raw = _checked_config(folder, source, "eagle3")
+    if raw.get("speculators_model_type") is None:
         return LlamaConfig.from_pretrained(folder)
-    if kind != "eagle3":
-        raise ModelLoadError(f"{source}: a speculators '{kind}' checkpoint; batchspec's engine reads eagle3 ones")
     fields = dict(raw.get("transformer_layer_config") or {})
     for key in ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "norm_before_fc",
                 "fc_norm", "norm_output"):

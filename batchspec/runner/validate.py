@@ -93,24 +93,18 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
 
 
 def learned_draft_problem(path: str, kind: str) -> None:
-    """Raise when a learned draft's checkpoint (a local dir or a hub id) has no config.json, or
-    a medusa one names no heads. Its config is not a transformers model config (Medusa's has no
-    model_type), so AutoConfig cannot be the check."""
+    """Raise when a learned draft's checkpoint (a local dir or a hub id) has no config.json, or one
+    that does not fit the kind (engine.learned.config_problem, the loaders' own check). Its config
+    is not a transformers model config (Medusa's has no model_type), so AutoConfig cannot be it."""
     import json
 
     from transformers.utils import cached_file
 
-    cfg = json.loads(open(cached_file(path, "config.json")).read())
-    if kind == "medusa" and "medusa_num_heads" not in cfg:
-        raise ValueError("config.json has no medusa_num_heads; not a Medusa checkpoint")
-    eagle3 = "draft_vocab_size" in cfg or cfg.get("speculators_model_type") == "eagle3" or any(
-        "eagle3" in a.lower() for a in cfg.get("architectures") or [])
-    if kind == "eagle" and eagle3:
-        raise ValueError("an EAGLE-3 checkpoint (draft vocabulary, fused features): set model.draft.kind: eagle3")
-    if kind == "eagle3" and "medusa_num_heads" in cfg:
-        raise ValueError("config.json names medusa_num_heads; a Medusa checkpoint, not EAGLE-3")
-    if kind == "eagle3" and cfg.get("speculators_model_type", "eagle3") != "eagle3":
-        raise ValueError(f"a speculators '{cfg['speculators_model_type']}' checkpoint, not eagle3")
+    from ..engine.learned import config_problem
+
+    problem = config_problem(kind, json.loads(open(cached_file(path, "config.json")).read()))
+    if problem:
+        raise ValueError(problem)
 
 
 def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None = None) -> list[str]:
