@@ -218,6 +218,11 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
     path = Path(path)
     if not path.exists():
         raise SpecError(f"job spec {path} not found")
+    if path.is_dir():
+        written = (path / "_batchspec" / "job.json").exists()
+        raise SpecError(f"{path} is a directory, not a job spec file" + (
+            "; it is a job's output: give the job file it was written with (its spec is recorded in "
+            f"{path / '_batchspec' / 'job.json'})" if written else ""))
     try:
         data = yaml.safe_load(path.read_text())  # safe_load only: a spec can never build Python objects
     except yaml.YAMLError as e:

@@ -120,6 +120,12 @@ def test_user_mistakes_are_one_line_and_exit_2(models_dir, tmp_path, monkeypatch
 
     assert "no batchspec job" in one_line_error(cli.invoke(app, ["status", str(tmp_path / "nothing")]))
 
+    # `rerun OUTPUT` (the interrupted-run hint says `rerun JOB`): a traceback before, one line now.
+    (tmp_path / "out" / "_batchspec").mkdir(parents=True)
+    (tmp_path / "out" / "_batchspec" / "job.json").write_text("{}")
+    assert "is a job's output: give the job file" in one_line_error(cli.invoke(app, ["rerun", str(tmp_path / "out")]))
+    assert "is a directory, not a job spec file" in one_line_error(cli.invoke(app, ["submit", str(tmp_path)]))
+
 
 def test_status_and_report_on_s3_without_endpoint_are_one_line(monkeypatch):
     for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
