@@ -73,6 +73,27 @@ class Costs:
         w = (k - lo) / (hi - lo)
         return self.verify_s[lo] * (1 - w) + self.verify_s[hi] * w
 
+    @classmethod
+    def from_steps(cls, batch_size: int, step_s: dict[int, float], prefill_token_s: float) -> "Costs | None":
+        """Costs of an engine that times whole steps (vLLM): step_s[0] a plain step, step_s[k] a step
+        that verifies k drafts and proposes k more, so draft_step_s is 0 and verify(k) is the round.
+        None until both a plain and a speculative step were measured."""
+        spec = {k: s for k, s in step_s.items() if k > 0}
+        if 0 not in step_s or not spec:
+            return None
+        return cls(batch_size, step_s[0], 0.0, spec, prefill_token_s)
+
+    def learn_steps(self, step_s: dict[int, float], prefill_token_s: float, weight: float = 0.5) -> None:
+        """Refresh from the steps of a later call (EWMA per k; a k not seen before is taken as measured)."""
+        for k, s in step_s.items():
+            if k == 0:
+                self.target_step_s += weight * (s - self.target_step_s)
+            else:
+                old = self.verify_s.get(k)
+                self.verify_s[k] = s if old is None else old + weight * (s - old)
+        if prefill_token_s > 0:
+            self.prefill_token_s += weight * (prefill_token_s - self.prefill_token_s)
+
     def update(self, k: int, draft_s: float, target_s: float, weight: float = 0.2) -> None:
         """Refresh from one measured round (EWMA), so costs follow real context lengths and loop
         overheads. A plain round (k=0) and a k-round both measure the target; the calibrated shape
@@ -145,8 +166,11 @@ class Policy:
     """Decides, per shard and as it runs, whether to speculate and with which k."""
 
     def __init__(self, mode: str = "auto", k_default: int = 4, k_max: int = 8, margin: float = 0.05,
-                 reprobe_every: int = 8):
+                 reprobe_every: int = 8, measure_in_call: bool = False):
         self.mode, self.k_default, self.k_max = mode, k_default, k_max
+        # An engine that times its own steps (vLLM): with no costs yet, speculate and let the call
+        # measure plain and speculative steps (StepArms) instead of calibrating beforehand.
+        self.measure_in_call = measure_in_call
         self.margin, self.reprobe_every = margin, reprobe_every
         self.costs: Costs | None = None
         self.prior = Acceptance()  # carried across shards on this actor
@@ -192,6 +216,9 @@ class Policy:
             return Decision(False, 0, "off: speculation.mode is off", at_row=at_row)
         if self.mode == "on":
             return Decision(True, self.k_default, "on: speculation.mode is on", at_row=at_row)
+        if self.costs is None and self.measure_in_call:
+            return Decision(True, self.k_default, f"on (measuring): no costs measured at this concurrency yet; the call "
+                            f"times its own plain and k={self.k_default} steps and keeps the faster", at_row=at_row)
         if self.costs is None:
             return Decision(True, self.k_default, "on: no cost calibration available, speculating by default", at_row=at_row)
         numbers = {"c": round(self.costs.c, 3), "v_k": round(self.costs.v(self.k_default), 3),
@@ -221,6 +248,69 @@ class Policy:
                             f"(last estimate {alpha:.2f}, predicted {predicted:.2f}x)", predicted, alpha, at_row, numbers)
         return Decision(False, 0, f"off: per-token acceptance {alpha:.2f} gives predicted {predicted:.2f}x (< {threshold:.2f}x) "
                         f"at best k={k}", predicted, alpha, at_row, numbers)
+
+
+class StepArms:
+    """The k of every engine step of one vLLM call, chosen from what the call's own steps delivered.
+
+    `arms[0]` is the policy's k; when the policy has no costs at this concurrency yet, the other arms
+    (plain decoding, k = 0) are measured too: each for `measure_steps` clean steps, in order, then the
+    call keeps the arm with the most tokens per second for the rest of its steps. No separate
+    calibration call is needed and nothing is thrown away: every step, exploring or not, emits
+    tokens of the rows being generated.
+
+    A step is clean when it decodes only (no prompt is being prefilled) and the step before ran at
+    the same k: a vLLM step verifies the drafts the previous step proposed and proposes as many as
+    its own k, so the first step after a switch is neither arm. Engines call next_k() before each
+    step and observe_step() after it (duck-typed like engine.generate.DraftLength)."""
+
+    def __init__(self, arms: tuple[int, ...], measure_steps: int = 2):
+        self.arms = tuple(dict.fromkeys(arms))
+        self.measure_steps = measure_steps
+        self.k = self.arms[0]
+        self.settled = len(self.arms) == 1
+        self.steps = {k: [0, 0.0, 0] for k in self.arms}  # k -> [clean steps, seconds, tokens]
+        self.prefill_s = 0.0
+        self.rows = 0  # rows decoding at the largest clean step
+        self._last: int | None = None
+
+    def next_k(self) -> int:
+        if not self.settled:
+            todo = [k for k in self.arms if self.steps[k][0] < self.measure_steps]
+            if todo:
+                self.k = todo[0]
+            else:
+                rates = self.rates()
+                self.k, self.settled = max(rates, key=rates.get), True
+        return self.k
+
+    def observe_step(self, k: int, seconds: float, tokens: int, rows: int, prefill: bool) -> None:
+        if prefill:
+            self.prefill_s += seconds
+        elif k == self._last and k in self.steps and self.steps[k][0] < self.measure_steps:
+            # Only an arm's first clean steps count: they are what the arms are compared on, at
+            # the call's full concurrency (later steps run fewer rows as rows finish).
+            n = self.steps[k]
+            n[0], n[1], n[2] = n[0] + 1, n[1] + seconds, n[2] + tokens
+            self.rows = max(self.rows, rows)
+        self._last = k
+
+    def rates(self) -> dict[int, float]:
+        """Tokens per second by arm, over its clean steps."""
+        return {k: tok / s for k, (n, s, tok) in self.steps.items() if n and s > 0}
+
+    def step_seconds(self) -> dict[int, float]:
+        """Mean seconds of a clean step, by arm."""
+        return {k: s / n for k, (n, s, _) in self.steps.items() if n}
+
+    def explored(self) -> bool:
+        return len(self.arms) > 1 and all(self.steps[k][0] for k in self.arms)
+
+    def summary(self) -> str:
+        rates = self.rates()
+        parts = [f"{'plain' if k == 0 else f'k={k}'} {rates[k]:.0f} tokens/s" for k in self.arms if k in rates]
+        kept = "plain" if self.k == 0 else f"k={self.k}"
+        return f"measured in the call ({self.measure_steps} steps each at {self.rows} rows): {' vs '.join(parts)}; kept {kept}"
 
 
 class CostModelK:

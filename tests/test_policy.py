@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchspec.policy import Acceptance, Costs, LengthProfile, Policy, decode_speedup, expected_tokens
+from batchspec.policy import Acceptance, Costs, LengthProfile, Policy, StepArms, decode_speedup, expected_tokens
 
 
 def costs(batch=1, step=0.030, draft=0.008, verify=None, prefill=0.0004, draft_prefill=0.0001):
@@ -116,3 +116,65 @@ def test_cost_refresh_keeps_ratios_from_plain_rounds():
         c.update(0, 0.0, 0.060)  # real plain steps twice as slow as calibrated
     assert c.target_step_s == pytest.approx(0.060, rel=0.01)
     assert (c.c, c.v(4)) == pytest.approx(before)
+
+
+def _run_steps(rule: StepArms, steps: int, rate: dict, rows: int = 96, prefill_steps: int = 1) -> list[int]:
+    """Drive a rule as the vllm backend does: next_k() before each step, observe_step() after it.
+    rate[k] = (seconds, tokens) of a clean step at k; a step after a switch verifies the previous
+    k's drafts, so it is given the previous k's tokens and a cost between the two."""
+    ks, last = [], None
+    for i in range(steps):
+        k = rule.next_k()
+        if i < prefill_steps:
+            seconds, tokens, prefill = 0.2, rows, True
+        elif last is not None and k != last:
+            seconds, tokens, prefill = (rate[k][0] + rate[last][0]) / 2, rate[last][1], False
+        else:
+            (seconds, tokens), prefill = rate[k], False
+        rule.observe_step(k, seconds, tokens, rows, prefill)
+        ks.append(k)
+        last = k
+    return ks
+
+
+def test_step_arms_measure_each_arm_in_the_call_then_keep_the_faster():
+    fast_spec = {4: (0.033, 430), 0: (0.012, 96)}  # 13000 vs 8000 tokens/s: keep k=4
+    rule = StepArms((4, 0), measure_steps=2)
+    ks = _run_steps(rule, 12, fast_spec)
+    # prefill, 2 clean k=4 steps, a switch step (not counted), 2 clean plain steps, back to k=4
+    assert ks == [4, 4, 4, 0, 0, 0, 4, 4, 4, 4, 4, 4]
+    assert rule.settled and rule.k == 4 and rule.explored()
+    assert rule.rates() == pytest.approx({4: 430 / 0.033, 0: 96 / 0.012})
+    assert rule.step_seconds() == pytest.approx({4: 0.033, 0: 0.012})
+    assert rule.prefill_s == pytest.approx(0.2) and rule.rows == 96
+    assert rule.summary() == ("measured in the call (2 steps each at 96 rows): k=4 13030 tokens/s vs plain "
+                              "8000 tokens/s; kept k=4")
+
+    slow_spec = {4: (0.040, 300), 0: (0.012, 96)}  # 7500 vs 8000 tokens/s: plain for the rest
+    rule = StepArms((4, 0), measure_steps=2)
+    assert _run_steps(rule, 10, slow_spec) == [4, 4, 4, 0, 0, 0, 0, 0, 0, 0]
+    assert rule.k == 0 and rule.summary().endswith("kept plain")
+
+
+def test_step_arms_with_one_arm_never_switch_and_measure_only_the_first_steps():
+    rule = StepArms((2,), measure_steps=2)
+    assert rule.settled and not rule.explored()
+    assert _run_steps(rule, 6, {2: (0.02, 200)}) == [2] * 6
+    assert rule.step_seconds() == {2: pytest.approx(0.02)}
+    assert rule.steps[2][0] == 2  # later steps (fewer rows as rows finish) do not move the measure
+
+
+def test_costs_from_steps_need_a_plain_and_a_speculative_step():
+    assert Costs.from_steps(64, {4: 0.03}, 1e-4) is None
+    assert Costs.from_steps(64, {0: 0.01}, 1e-4) is None
+    c = Costs.from_steps(64, {0: 0.010, 4: 0.030}, 1e-4)
+    assert (c.batch_size, c.c, c.v(4), c.verify(8)) == (64, 0.0, pytest.approx(3.0), pytest.approx(0.030 * 9 / 5))
+    c.learn_steps({0: 0.020, 2: 0.015}, 3e-4)  # EWMA on k=0 and the prefill; k=2 taken as measured
+    assert (c.target_step_s, c.verify_s[2], c.verify_s[4]) == pytest.approx((0.015, 0.015, 0.030))
+    assert c.prefill_token_s == pytest.approx(2e-4)
+    p = Policy("auto", k_default=4, measure_in_call=True)
+    d = p.decide(short_prompts(), None)
+    assert d.speculate and d.k == 4 and d.reason.startswith("on (measuring): no costs measured at this concurrency")
+    p.calibrate(c)
+    p.prior.accepted, p.prior.trials = 900, 1000  # with costs and acceptance: the usual decision
+    assert p.decide(short_prompts(), None).reason.startswith("on: per-token acceptance 0.90")

@@ -7,10 +7,12 @@ What batchspec adds on top of a bare `LLM.generate`, and how:
 
 - Per-shard speculation on/off and k with weights loaded once. The engine is built with vLLM's
   dynamic speculative schedule (`num_speculative_tokens_per_batch_size`), whose dense
-  batch-size -> k table lives in the scheduler. Before each call we fill that table with the k
-  the policy chose, or 0 to decode plainly. This needs the engine core in this process
-  (VLLM_ENABLE_V1_MULTIPROCESSING=0), which is also what a Ray actor wants. docs/policy.md has
-  the measured cost of a switch (none beyond the call boundary) and of k=0 against a plain engine.
+  batch-size -> k table lives in the scheduler and is read before every engine step. Before each
+  call we fill that table with the k the policy chose, or 0 to decode plainly; a call given a
+  step rule (policy.StepArms) gets its k set before every step, and each step timed and its
+  tokens counted, which is how the policy measures its costs on real rows (docs/policy.md). This
+  needs the engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), which is also what a
+  Ray actor wants.
 - Per-row stats from vLLM's per-request metrics (`per_request_spec_decode_metrics="summary"`):
   draft tokens, accepted tokens (sum of the acceptance histogram), verify steps; ttft and latency
   from the request's own timestamps. docs/output.md says where a column is approximate.
@@ -101,12 +103,45 @@ class VLLMBackend:
         self.max_context = int(llm.llm_engine.model_config.max_model_len)
         self.max_batch = int(llm.llm_engine.vllm_config.scheduler_config.max_num_seqs)
         self._scheduler = None
+        self._rule = None  # a StepArms-like rule while a call runs with one
         if draft_kind != "none":
             try:  # in-process engine core (see module docstring)
-                self._scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+                core = llm.llm_engine.engine_core
+                self._scheduler = core.engine_core.scheduler
             except AttributeError:
                 raise RuntimeError("the vllm backend needs vLLM's engine core in process: set "
                                    "VLLM_ENABLE_V1_MULTIPROCESSING=0 before vLLM is imported") from None
+            core.get_output = self._stepper(core.get_output)
+
+    @property
+    def learns_costs(self) -> bool:
+        """True when the policy's costs come from the steps of real calls (policy.StepArms), not from
+        a calibration beforehand: one speculative engine, whose k can change between steps. With a
+        plain engine beside it, plain calls run elsewhere, so costs are still calibrated."""
+        return self._scheduler is not None and self.plain_llm is None
+
+    def _stepper(self, get_output):
+        """Wrap the in-process engine core's step: before it, set the rule's k; after it, tell the
+        rule what the step cost and emitted. Without a rule, the step runs untouched."""
+        sched = self._scheduler
+        max_seqs = self.max_batch
+
+        def step():
+            rule = self._rule
+            if rule is None:
+                return get_output()
+            k = self.set_k(rule.next_k())
+            # A step prefills when it admits waiting prompts or continues a chunked prefill.
+            prefill = (bool(sched.waiting) and len(sched.running) < max_seqs) or any(
+                r.num_computed_tokens < r.num_prompt_tokens for r in sched.running)
+            t = time.perf_counter()
+            out = get_output()
+            seconds = time.perf_counter() - t
+            tokens = sum(len(o.new_token_ids) for o in out.outputs)
+            rule.observe_step(k, seconds, tokens, len(out.outputs), prefill)
+            return out
+
+        return step
 
     @classmethod
     def load(cls, spec_model, k_default: int = 4) -> "VLLMBackend":
@@ -128,7 +163,20 @@ class VLLMBackend:
         tokenizer = AutoTokenizer.from_pretrained(args["model"], trust_remote_code=spec_model.trust_remote_code)
         source = {"model": d.path, "ngram": f"ngram (max {d.max_ngram})", "quantized": f"{spec_model.target} (fp8)",
                   "none": None}.get(d.kind, d.path or d.kind)
-        return cls(llm, tokenizer, d.kind, spec_model.target, source, k_max, plain)
+        backend = cls(llm, tokenizer, d.kind, spec_model.target, source, k_max, plain)
+        backend.warm_up()
+        return backend
+
+    def warm_up(self) -> None:
+        """A few tokens through every engine before the first shard: vLLM's first call is slow
+        (on CPU the demo's first 96-row call took 1.49 s, the next ones 0.93-1.03 s), and that is
+        start-up, not the first shard's generation."""
+        ids = [[(7 * i + j) % max(len(self.tokenizer) - 1, 1) + 1 for j in range(16)] for i in range(4)]
+        params = [self._params(SamplingParams(), (), 8, None, ignore_eos=True)] * len(ids)
+        self.set_k(self.k_max)
+        self._run(ids, params)
+        if self.plain_llm is not None:
+            self._run(ids, params, plain=True)
 
     def tokenize(self, prompts: list[str]) -> list[list[int]]:
         return encode_prompts(self.tokenizer, prompts)
@@ -139,28 +187,36 @@ class VLLMBackend:
             return 0
         k = max(0, min(k, self.k_max))
         table = self._scheduler.dynamic_sd_lookup
-        table[:] = [k] * len(table)
+        if table[-1] != k:  # the table is always uniform (one value for every batch size)
+            table[:] = [k] * len(table)
         return k
 
     def generate(self, prompt_ids: list[list[int]], max_new_tokens: int = 256,
                  sampling: SamplingParams = SamplingParams(), stop: tuple[str, ...] = (),
                  seeds: list[int] | None = None, speculate: bool = True, draft_length=None,
                  max_new_per_row: list[int] | None = None) -> tuple[list[Completion], BatchResult]:
-        """One call over all rows. draft_length: an int k, or a rule whose next_k() gives it."""
+        """One call over all rows. draft_length: an int k, a rule whose next_k() gives it for the call,
+        or a step rule (policy.StepArms: it has observe_step) that picks k before every engine step."""
+        rule = draft_length if speculate and hasattr(draft_length, "observe_step") and self._scheduler else None
         k = draft_length if isinstance(draft_length, int) else (draft_length.next_k() if draft_length else 4)
         k = self.set_k(k if speculate else 0)
+        plain = k == 0 and rule is None
         caps = max_new_per_row or [max_new_tokens] * len(prompt_ids)
         params = [self._params(sampling, stop, cap, seeds[i] if seeds else None) for i, cap in enumerate(caps)]
+        self._rule = rule
         try:
-            outs = self._run(prompt_ids, params, plain=k == 0)
+            outs = self._run(prompt_ids, params, plain=plain)
         except Exception as e:  # one row vLLM refuses must not cost the others: retry one by one
             log.warning("vllm call over %d rows failed (%s); retrying row by row", len(prompt_ids), type(e).__name__)
+            self._rule = None  # one-row calls would only mislead the rule
             outs = []
             for ids, p in zip(prompt_ids, params):
                 try:
-                    outs.extend(self._run([ids], [p], plain=k == 0))
+                    outs.extend(self._run([ids], [p], plain=plain))
                 except Exception as row_error:
                     outs.append(f"{type(row_error).__name__}: {str(row_error).splitlines()[0][:200]}")
+        finally:
+            self._rule = None
         completions = [self._completion(o, len(ids), k) for o, ids in zip(outs, prompt_ids)]
         # One aggregate entry for the policy's acceptance estimate; vLLM does not time rounds (target_s 0).
         ok = [c.stats for c in completions if c.error is None]

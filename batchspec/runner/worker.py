@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..policy import Costs, CostModelK, Decision, LengthProfile, Policy
+from ..policy import Costs, CostModelK, Decision, LengthProfile, Policy, StepArms
 from ..rates import acceptance_rate
 from ..spec import JobSpec
 from .plan import Shard
@@ -209,9 +209,12 @@ class ShardRunner:
         self.store = OutputStore(spec.output.path, spec.output.storage_options)
         sp = spec.speculation
         mode = "off" if m.draft.kind == "none" else sp.mode
-        self.policy = Policy(mode, k_default=sp.num_speculative_tokens, k_max=max(8, sp.num_speculative_tokens))
-        self.calibrate = mode == "auto" and calibrate
-        self.costs_by_batch: dict[int, Costs] = {}  # measured once per concurrency on this actor
+        # vLLM with one engine: costs come from the steps of real calls (policy.StepArms), no calibration.
+        self.learns_costs = mode == "auto" and bool(getattr(engine, "learns_costs", False))
+        self.policy = Policy(mode, k_default=sp.num_speculative_tokens, k_max=max(8, sp.num_speculative_tokens),
+                             measure_in_call=self.learns_costs)
+        self.calibrate = mode == "auto" and calibrate and not self.learns_costs
+        self.costs_by_batch: dict[int, Costs] = {}  # measured (or learned) per concurrency on this actor
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self.faults = FaultPlan.from_env()  # None unless a reliability test set BATCHSPEC_FAULT_FILE
 
@@ -227,6 +230,9 @@ class ShardRunner:
         """Give the policy costs measured at this shard's concurrency, on a sample of its prompts;
         returns the seconds spent measuring (0 when already known), which the manifest reports and
         the cost report counts."""
+        if self.learns_costs:  # what earlier calls at this concurrency measured, if any
+            self.policy.costs = self.costs_by_batch.get(self.concurrency(rows)) if rows else None
+            return 0.0
         if not self.calibrate or rows == 0:
             return 0.0
         b, t0 = self.concurrency(rows), time.perf_counter()
@@ -235,9 +241,11 @@ class ShardRunner:
         self.policy.calibrate(self.costs_by_batch[b])
         return time.perf_counter() - t0
 
-    def draft_length(self, k: int):
+    def draft_length(self, k: int, rows: int = 0):
         from ..engine import FixedK
 
+        if self.learns_costs:  # vllm: k per engine step; plain steps measured too while costs are unknown
+            return StepArms((k,) if self.concurrency(rows) in self.costs_by_batch else (k, 0))
         if not self.engine.per_round_k:  # vllm: k is set per call, by the policy between blocks
             return FixedK(k)
 
@@ -432,9 +440,11 @@ class ShardRunner:
     def _generate_block(self, batch: list[tuple["ShardWork", RowInput]], decision: Decision) -> None:
         """One engine call over rows (possibly of several shards) under one decision; records each
         row's result in its shard and feeds what the call measured to the policy."""
-        rule = self.draft_length(decision.k) if decision.speculate else None
+        rule = self.draft_length(decision.k, len(batch)) if decision.speculate else None
         outs = self._call([r for _, r in batch], self.spec.generation.max_new_tokens, decision.speculate, rule)
         self.policy.observe_rows([o.stats.completion_tokens for o in outs if o.error is None])
+        if isinstance(rule, StepArms):
+            decision = self._learn(rule, batch, decision)
         concurrency = min(len(batch), self.concurrency(len(batch)))
         for (work, r), o in zip(batch, outs):
             if o.error is not None:
@@ -442,6 +452,30 @@ class ShardRunner:
             else:
                 work.results[r.row_index] = (o, decision, concurrency)
             work.done += 1
+
+    def _learn(self, rule: StepArms, batch: list, decision: Decision) -> Decision:
+        """After a vllm call whose steps a StepArms rule chose: keep the step costs it measured for
+        the next decisions at this concurrency, and when it measured plain against speculative
+        steps, record what it kept as the decision of the call's rows (in each shard's manifest)."""
+        b = self.concurrency(len(batch))
+        prompt_tokens = sum(len(r.token_ids) for _, r in batch) or 1
+        steps, prefill = rule.step_seconds(), rule.prefill_s / prompt_tokens
+        if b in self.costs_by_batch:
+            self.costs_by_batch[b].learn_steps(steps, prefill)
+        elif (costs := Costs.from_steps(b, steps, prefill)) is not None:
+            self.costs_by_batch[b] = costs
+        self.policy.costs = self.costs_by_batch.get(b)
+        if not rule.explored():
+            return decision
+        rates = rule.rates()  # measured speedup: speculative steps' tokens per second over plain steps'
+        kept = Decision(rule.k > 0, rule.k, rule.summary(), round(rates[rule.arms[0]] / rates[0], 3),
+                        self.policy.prior.estimate, decision.at_row,
+                        {"tokens_per_s": {str(k): round(v, 1) for k, v in rates.items()}, "k": decision.k,
+                         "rows": rule.rows})
+        for work in {id(w): w for w, _ in batch}.values():
+            work.decisions.append(kept)
+            log_event(log, f"policy: {kept.reason}", job=self.job_id, shard=work.shard.shard, at_row=work.done)
+        return kept
 
     def _commit(self, work: "ShardWork") -> dict:
         shard, rows_in = work.shard, work.rows_in
@@ -484,10 +518,12 @@ class ShardRunner:
                     "batch_size": 0, "draft_model": None}
         out, decision, batch_size = result
         s = out.stats
-        on = decision.speculate
+        # A vllm call that measured speculative steps and then kept plain ones: its rows were drafted for.
+        on = decision.speculate or s.draft_tokens > 0
+        k = decision.k if decision.speculate else decision.numbers.get("k")
         return {**base, "completion": out.text, "finish_reason": s.finish_reason, "error": None,
                 "completion_tokens": s.completion_tokens, "spec_enabled": on, "draft_kind": e.draft_kind if on else None,
-                "num_speculative_tokens": decision.k if on else None, "draft_tokens": s.draft_tokens,
+                "num_speculative_tokens": k if on else None, "draft_tokens": s.draft_tokens,
                 "accepted_tokens": s.accepted_tokens, "spec_rounds": s.spec_rounds,
                 "acceptance_rate": acceptance_rate(s.accepted_tokens, s.draft_tokens) if on else None,
                 "ttft_s": s.ttft_s, "latency_s": s.latency_s, "batch_size": batch_size,
