@@ -178,3 +178,10 @@ def test_costs_from_steps_need_a_plain_and_a_speculative_step():
     p.calibrate(c)
     p.prior.accepted, p.prior.trials = 900, 1000  # with costs and acceptance: the usual decision
     assert p.decide(short_prompts(), None).reason.startswith("on: per-token acceptance 0.90")
+
+
+def test_a_call_too_short_to_measure_both_arms_learns_nothing_about_plain():
+    rule = StepArms((4, 0), measure_steps=2)
+    assert _run_steps(rule, 4, {4: (0.033, 430), 0: (0.012, 96)}) == [4, 4, 4, 0]  # ends on the switch step
+    assert not rule.explored() and set(rule.step_seconds()) == {4}
+    assert Costs.from_steps(96, rule.step_seconds(), rule.prefill_s / 1000) is None  # the next call measures again
