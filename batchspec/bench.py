@@ -26,7 +26,8 @@ from typing import Callable
 
 import torch
 
-from .engine import DraftSpec, Engine, FixedK, GenerationConfig, SamplingParams, generate
+from .engine import DraftSpec, Engine, FixedK, GenerationConfig, SamplingParams
+from .engine.generate import generate
 from .engine.engine import measure_costs
 from .engine.generate import AdaptiveK
 from .engine.models import cache_root

@@ -210,18 +210,98 @@ def switch_cost(job: Path) -> None:
         print(f"{engine + ' engine' if engine != 'set_k' else engine:>12}: median {statistics.median(ts):.3f} {unit} ({len(ts)})")
 
 
+ENGINE_PATH = r"""
+import json, statistics, sys, time
+from vllm import LLM, SamplingParams as VParams
+from batchspec.engine.backend import load_backend
+from batchspec.engine.vllm_backend import engine_args
+from batchspec.policy import StepArms
+from batchspec.spec import load_spec
+spec = load_spec(sys.argv[1])
+ids, repeats = json.loads(sys.argv[2]), int(sys.argv[3])
+gen, k = spec.generation, spec.speculation.num_speculative_tokens
+ours = load_backend("vllm", spec.model, k_default=k)  # batchspec's engine: dynamic k, per-request metrics
+args = engine_args(spec.model, k, on_gpu=False)
+args.pop("per_request_spec_decode_metrics", None)
+args["speculative_config"].pop("num_speculative_tokens_per_batch_size")
+bare_spec = LLM(**args)
+bare_plain = LLM(**{**args, "speculative_config": None})
+params = VParams(temperature=0.0, max_tokens=gen.max_new_tokens, stop=list(gen.stop) or None)
+prompts = [{"prompt_token_ids": x} for x in ids]
+for llm in (bare_spec, bare_plain):
+    llm.generate(prompts[:2], params, use_tqdm=False)  # the same warm-up as the bare processes
+kept = {}
+
+def first_call():
+    rule = StepArms((k, 0))
+    ours.generate(ids, gen.max_new_tokens, stop=tuple(gen.stop), draft_length=rule)
+    kept["k"] = rule.k
+
+def later_call():
+    kk = kept.get("k", k)
+    ours.generate(ids, gen.max_new_tokens, stop=tuple(gen.stop), speculate=kk > 0, draft_length=StepArms((kk,)) if kk else 0)
+
+calls = {"bare vLLM plain": lambda: bare_plain.generate(prompts, params, use_tqdm=False),
+         "bare vLLM spec": lambda: bare_spec.generate(prompts, params, use_tqdm=False),
+         "batchspec, first call (measures)": first_call, "batchspec, later call (decided)": later_call}
+times = {name: [] for name in calls}
+for _ in range(repeats):
+    for name, call in calls.items():
+        t = time.perf_counter()
+        call()
+        times[name].append(time.perf_counter() - t)
+print("RESULT" + json.dumps({"times": times, "kept_k": kept.get("k")}))
+"""
+
+
+def engine_path(job: Path, repeats: int) -> dict:
+    """batchspec's engine path against bare LLM.generate in one process: the three engines loaded
+    side by side, calls interleaved, so what differs is only what batchspec does around and inside
+    the call (the step rule, its exploration, per-request metrics, row bookkeeping), not process
+    placement or Ray, whose run-to-run spread (+-15% here) is as large as what is measured."""
+    from batchspec.spec import load_spec
+
+    _, prompt_ids = job_prompts(load_spec(job))
+    out = subprocess.run([sys.executable, "-c", ENGINE_PATH, str(job), json.dumps(prompt_ids), str(repeats)],
+                         capture_output=True, text=True, cwd=ROOT)
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
+    if not line:
+        raise RuntimeError(out.stderr[-3000:])
+    res = json.loads(line[0][6:])
+    medians = {name: statistics.median(ts) for name, ts in res["times"].items()}
+    best = min(medians["bare vLLM plain"], medians["bare vLLM spec"])
+    for name, ts in res["times"].items():
+        print(f"  {name:<34} median {medians[name]:.3f} s  {medians[name] / best:.2f}x best bare   "
+              f"({', '.join(f'{t:.3f}' for t in ts)})")
+    kept = res["kept_k"]
+    print(f"  the first call kept {'plain' if kept == 0 else f'k={kept}'}")
+    return {"medians": medians, "times": res["times"], "kept_k": res["kept_k"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", default=None, help="comma-separated: demo, demo_eagle3, llama104m, mixed "
                     "(default: demo, llama104m, mixed; --switch: demo)")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=None, help="repetitions (default 2; --engine-path: 6)")
     ap.add_argument("--plain-engine", action="store_true",
                     help="also run batchspec on vLLM with model.vllm_plain_engine (a second, plain engine for k=0)")
     ap.add_argument("--no-hf", action="store_true", help="leave out the hf backend runs")
     ap.add_argument("--out", default="bench-vllm.json")
     ap.add_argument("--switch", action="store_true", help="measure the cost of switching k per call instead")
+    ap.add_argument("--engine-path", action="store_true",
+                    help="instead: batchspec's engine path vs bare LLM.generate, three engines in one process "
+                         "(--repeats calls each, interleaved; default 6)")
     args = ap.parse_args()
     args.jobs = args.jobs or ("demo" if args.switch else "demo,llama104m,mixed")
+    args.repeats = args.repeats or (6 if args.engine_path else 2)
+    if args.engine_path:
+        tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
+        results = {}
+        for name, job in write_jobs(tmp, args.jobs.split(",")).items():
+            print(name, flush=True)
+            results[name] = engine_path(job, args.repeats)
+        Path(args.out).write_text(json.dumps({"threads": os.cpu_count(), "engine_path": results}, indent=2))
+        return
     if args.switch:
         tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
         for name, job in write_jobs(tmp, args.jobs.split(",")).items():

@@ -215,6 +215,44 @@ def test_model_that_fails_to_load_writes_nothing(models_dir, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_vllm_driver_checks_local_models_without_transformers_and_finds_the_same_problems(models_dir, tmp_path):
+    """The vllm backend's driver check reads local configs and tokenizer.json itself (importing
+    transformers costs ~3.5 s of start-up); it must refuse what the transformers check refuses."""
+    import subprocess
+    import sys
+
+    from batchspec.runner.validate import local_model_problems, resolve_models
+    from batchspec.testing import build_model, build_tokenizer
+
+    other_vocab = build_model(tmp_path / "v", "llama", build_tokenizer(tmp_path / "t", vocab_size=300), seed=2)
+    target, draft = str(models_dir / "llama-target"), str(models_dir / "llama-other")
+    cases = {
+        "fine": {"model__draft": {"kind": "model", "path": draft}},
+        "missing target": {"model__target": str(tmp_path / "none")},
+        "other vocabulary": {"model__draft": {"kind": "model", "path": str(other_vocab)}},
+        "not a medusa checkpoint": {"model__draft": {"kind": "medusa", "path": target}},
+    }
+    found = {}
+    for name, extra in cases.items():
+        spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"), **extra)
+        quick = local_model_problems(spec)
+        assert quick is not None, name
+        assert quick == resolve_models(spec, "hf"), name  # the transformers check, word for word
+        found[name] = quick
+    assert found["fine"] == []
+    assert "does not exist" in found["missing target"][0]
+    assert "incompatible tokenizer" in found["other vocabulary"][0]
+    assert "not a Medusa checkpoint" in found["not a medusa checkpoint"][0]
+    hub_id = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"), model__target="someorg/somemodel")
+    assert local_model_problems(hub_id) is None  # resolving a hub id is transformers' job
+    code = ("import sys; from batchspec.spec import spec_from_dict; from batchspec.runner.validate import resolve_models; "
+            f"spec = spec_from_dict({{'name': 't', 'input': {{'path': 'in'}}, 'output': {{'path': 'out'}}, "
+            f"'model': {{'target': {target!r}, 'draft': {{'kind': 'model', 'path': {draft!r}}}}}}}); "
+            "assert resolve_models(spec, 'vllm') == []; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]
+
+
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_second_submit_is_refused_while_a_lease_is_held(models_dir, ray_session, tmp_path, s3, where):
     import time

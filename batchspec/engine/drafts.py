@@ -24,6 +24,7 @@ import torch
 from . import cache as kv
 from .models import ModelLoadError, decoder_layers
 from .sampling import DRAFT, SamplingParams, logits_to_probs, sample_from
+from .sources import vocab_problem
 
 
 @dataclass
@@ -166,15 +167,10 @@ class NgramDraft:
 
 
 def check_tokenizers_compatible(target_tok, draft_tok, draft_source: str) -> None:
-    """Speculation compares token ids, so the draft must map every string to the same ids."""
-    t_vocab, d_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
-    if t_vocab != d_vocab:
-        missing = len(set(t_vocab.items()) ^ set(d_vocab.items()))
-        raise ModelLoadError(
-            f"draft {draft_source} has an incompatible tokenizer: {len(d_vocab)} tokens vs the target's "
-            f"{len(t_vocab)}, {missing} (token, id) pairs differ. A draft must share the target's vocabulary; "
-            "use draft kind 'quantized', 'layer_skip' or 'ngram' for a target without a matching small model."
-        )
+    """Raise ModelLoadError unless the draft's tokenizer maps every string to the target's ids."""
+    problem = vocab_problem(target_tok.get_vocab(), draft_tok.get_vocab(), draft_source)
+    if problem:
+        raise ModelLoadError(problem)
 
 
 def layer_skip_view(model: torch.nn.Module, layers: int) -> torch.nn.Module:

@@ -50,8 +50,9 @@ from torch import nn
 
 from . import cache as kv
 from .drafts import Proposal, fit_vocab
-from .models import ModelLoadError, local_source_problem, resolve_model_path
+from .models import ModelLoadError, resolve_model_path
 from .sampling import DRAFT, SamplingParams, logits_to_probs, sample_from
+from .sources import config_problem, local_source_problem
 
 
 class ResBlock(nn.Module):
@@ -437,24 +438,6 @@ def _state_dict(folder: Path, stems: tuple[str, ...]) -> dict:
                 return load_file(str(f)) if suffix == ".safetensors" else torch.load(str(f), map_location="cpu",
                                                                                      weights_only=True)
     raise ModelLoadError(f"no weights in {folder} (looked for {', '.join(s + '.safetensors|.pt|.bin' for s in stems)})")
-
-
-def config_problem(kind: str, cfg: dict) -> str | None:
-    """What makes a checkpoint's config.json wrong for draft kind `kind`, from the config alone: the
-    loaders check it before reading weights, and `batchspec validate` on the driver, where weights
-    are not fetched. None when nothing is."""
-    if kind == "medusa":
-        return None if "medusa_num_heads" in cfg else "config.json has no medusa_num_heads; not a Medusa checkpoint"
-    if kind == "eagle3" and "medusa_num_heads" in cfg:
-        return "config.json names medusa_num_heads; a Medusa checkpoint, not EAGLE-3"
-    speculators = cfg.get("speculators_model_type")
-    if kind == "eagle3" and speculators not in (None, "eagle3"):
-        return f"a speculators '{speculators}' checkpoint, not eagle3"
-    eagle3 = "draft_vocab_size" in cfg or speculators == "eagle3" or any(
-        "eagle3" in a.lower() for a in cfg.get("architectures") or [])
-    if kind == "eagle" and eagle3:
-        return "an EAGLE-3 checkpoint (draft vocabulary, fused features): set model.draft.kind: eagle3"
-    return None
 
 
 def _checked_config(folder: Path, source: str, kind: str) -> dict:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from .sources import local_source_problem
+
 log = logging.getLogger("batchspec.engine")
 
 # Files a checkpoint needs; anything else under the prefix (optimizer states, logs) is skipped.
@@ -88,24 +90,6 @@ def resolve_model_path(source: str, storage_options: dict | None = None) -> str:
     if source.startswith("s3://"):
         return str(fetch_s3_prefix(source, storage_options))
     return source
-
-
-def local_source_problem(source: str) -> str | None:
-    """Why `source` cannot be a checkpoint, when it names a local path; None for hub ids and s3://.
-
-    "models/legal-target" is a valid hub id too: it counts as a local path when its parent
-    directory exists here (a typo in a local path), so the user sees "does not exist" rather than
-    the hub's lookup error.
-    """
-    if source.startswith("s3://"):
-        return None
-    p = Path(source).expanduser()
-    if p.exists():
-        if p.is_dir() and not (p / "config.json").exists():
-            return f"model directory {source} has no config.json: not a Hugging Face checkpoint"
-        return None if p.is_dir() else f"model path {source} is a file; give the checkpoint's directory"
-    looks_local = source.startswith((".", "/", "~")) or source.count("/") != 1 or p.parent.is_dir()
-    return f"model directory {source} does not exist" if looks_local else None
 
 
 def attention_window(config) -> int | None:

@@ -7,7 +7,9 @@ output path against the input and against an existing job there.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..spec import JobSpec
 from .plan import PlanError, Shard, plan_shards
@@ -94,38 +96,51 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
 
 def learned_draft_problem(path: str, kind: str) -> None:
     """Raise when a learned draft's checkpoint (a local dir or a hub id) has no config.json, or one
-    that does not fit the kind (engine.learned.config_problem, the loaders' own check). Its config
+    that does not fit the kind (engine.sources.config_problem, the loaders' own check). Its config
     is not a transformers model config (Medusa's has no model_type), so AutoConfig cannot be it."""
-    import json
-
     from transformers.utils import cached_file
 
-    from ..engine.learned import config_problem
+    from ..engine.sources import config_problem
 
     problem = config_problem(kind, json.loads(open(cached_file(path, "config.json")).read()))
     if problem:
         raise ValueError(problem)
 
 
+def _sources(spec: JobSpec) -> list[tuple[str, str]]:
+    """(role, source) of the checkpoints the job names: the target, and a draft that has a path."""
+    m = spec.model
+    return [("target", m.target)] + ([("draft", m.draft.path)] if m.draft.path and m.draft.kind != "ngram" else [])
+
+
+def _s3_problem(source: str, storage_options: dict) -> str | None:
+    """Checked without copying weights onto the driver (actors fetch them)."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(source, **storage_options)
+    return None if fs.exists(f"{root.rstrip('/')}/config.json") else f"no config.json under {source}"
+
+
 def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None = None) -> list[str]:
     """Load configs and tokenizers (no weights) of the target and a model draft; list problems
     (and, into `notes`, what the user should know: a sliding window limits speculation)."""
+    if backend == "vllm":
+        quick = local_model_problems(spec)
+        if quick is not None:
+            return quick
     from transformers import AutoConfig, AutoTokenizer
 
     from ..engine.drafts import check_tokenizers_compatible
-    from ..engine.models import (ModelLoadError, attention_window, local_source_problem, resolve_model_path,
-                                 serving_problem)
+    from ..engine.models import ModelLoadError, attention_window, resolve_model_path, serving_problem
+    from ..engine.sources import local_source_problem
 
     m, problems, toks = spec.model, [], {}
-    sources = [("target", m.target)] + ([("draft", m.draft.path)] if m.draft.path and m.draft.kind != "ngram" else [])
-    for role, source in sources:
+    for role, source in _sources(spec):
         try:
-            if source.startswith("s3://"):  # check, don't copy weights onto the driver; actors fetch them
-                import fsspec
-
-                fs, root = fsspec.core.url_to_fs(source, **m.storage_options)
-                if not fs.exists(f"{root.rstrip('/')}/config.json"):
-                    raise FileNotFoundError(f"no config.json under {source}")
+            if source.startswith("s3://"):
+                problem = _s3_problem(source, m.storage_options)
+                if problem:
+                    raise FileNotFoundError(problem)
                 continue
             problem = local_source_problem(source)
             if problem:
@@ -147,10 +162,57 @@ def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None =
             if role == "target" or m.draft.kind == "model":  # learned drafts use the target's tokenizer
                 toks[role] = AutoTokenizer.from_pretrained(path, trust_remote_code=m.trust_remote_code)
         except Exception as e:
-            problems.append(f"{role} model {source!r} cannot be resolved: {type(e).__name__}: {str(e).splitlines()[0]}")
+            problems.append(_unresolved(role, source, e))
     if len(toks) == 2:
         try:
             check_tokenizers_compatible(toks["target"], toks["draft"], m.draft.path)
         except ModelLoadError as e:
             problems.append(str(e))
+    return problems
+
+
+def _unresolved(role: str, source: str, e: Exception) -> str:
+    return f"{role} model {source!r} cannot be resolved: {type(e).__name__}: {str(e).splitlines()[0]}"
+
+
+def local_model_problems(spec: JobSpec) -> list[str] | None:
+    """resolve_models for the vllm backend without importing transformers (and with it torch: ~3.5 s
+    of the driver's start-up on two cores, where nothing else on the vllm driver needs them). It
+    covers local checkpoint directories whose tokenizers are tokenizer.json files, and s3:// prefixes;
+    for anything else (a hub id, a tokenizer without tokenizer.json) it returns None and the full
+    check runs. Configs are read as JSON: vLLM checks the model type itself when an actor loads it."""
+    from ..engine.sources import config_problem, local_source_problem, vocab_problem
+
+    m, problems, vocabs = spec.model, [], {}
+    for role, source in _sources(spec):
+        try:
+            if source.startswith("s3://"):
+                problem = _s3_problem(source, m.storage_options)
+                if problem:
+                    raise FileNotFoundError(problem)
+                continue
+            problem = local_source_problem(source)
+            if problem:
+                problems.append(f"{role} model: {problem}")
+                continue
+            folder = Path(source).expanduser()
+            tokenizer_file = folder / "tokenizer.json"
+            needs_tokenizer = role == "target" or m.draft.kind == "model"
+            if not folder.is_dir() or needs_tokenizer and not tokenizer_file.is_file():
+                return None
+            config = json.loads((folder / "config.json").read_text())
+            if role == "draft" and m.draft.kind != "model":
+                problem = config_problem(m.draft.kind, config)
+                if problem:
+                    raise ValueError(problem)
+            if needs_tokenizer:
+                from tokenizers import Tokenizer
+
+                vocabs[role] = Tokenizer.from_file(str(tokenizer_file)).get_vocab(with_added_tokens=True)
+        except Exception as e:
+            problems.append(_unresolved(role, source, e))
+    if len(vocabs) == 2:
+        problem = vocab_problem(vocabs["target"], vocabs["draft"], m.draft.path)
+        if problem:
+            problems.append(problem)
     return problems

@@ -1,0 +1,55 @@
+"""Checks on where a checkpoint comes from that need neither torch nor transformers.
+
+The driver runs them before Ray starts; importing transformers there costs ~3.5 s of a job's
+start-up on two cores (it imports torch), which the vllm backend's driver otherwise never needs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def local_source_problem(source: str) -> str | None:
+    """Why `source` cannot be a checkpoint, when it names a local path; None for hub ids and s3://.
+
+    "models/legal-target" is a valid hub id too: it counts as a local path when its parent
+    directory exists here (a typo in a local path), so the user sees "does not exist" rather than
+    the hub's lookup error.
+    """
+    if source.startswith("s3://"):
+        return None
+    p = Path(source).expanduser()
+    if p.exists():
+        if p.is_dir() and not (p / "config.json").exists():
+            return f"model directory {source} has no config.json: not a Hugging Face checkpoint"
+        return None if p.is_dir() else f"model path {source} is a file; give the checkpoint's directory"
+    looks_local = source.startswith((".", "/", "~")) or source.count("/") != 1 or p.parent.is_dir()
+    return f"model directory {source} does not exist" if looks_local else None
+
+
+def vocab_problem(target_vocab: dict, draft_vocab: dict, draft_source: str) -> str | None:
+    """Speculation compares token ids, so a draft must map every string to the target's ids."""
+    if target_vocab == draft_vocab:
+        return None
+    differ = len(set(target_vocab.items()) ^ set(draft_vocab.items()))
+    return (f"draft {draft_source} has an incompatible tokenizer: {len(draft_vocab)} tokens vs the target's "
+            f"{len(target_vocab)}, {differ} (token, id) pairs differ. A draft must share the target's vocabulary; "
+            "use draft kind 'quantized', 'layer_skip' or 'ngram' for a target without a matching small model.")
+
+
+def config_problem(kind: str, cfg: dict) -> str | None:
+    """What makes a checkpoint's config.json wrong for draft kind `kind`, from the config alone: the
+    loaders check it before reading weights, and `batchspec validate` on the driver, where weights
+    are not fetched. None when nothing is."""
+    if kind == "medusa":
+        return None if "medusa_num_heads" in cfg else "config.json has no medusa_num_heads; not a Medusa checkpoint"
+    if kind == "eagle3" and "medusa_num_heads" in cfg:
+        return "config.json names medusa_num_heads; a Medusa checkpoint, not EAGLE-3"
+    speculators = cfg.get("speculators_model_type")
+    if kind == "eagle3" and speculators not in (None, "eagle3"):
+        return f"a speculators '{speculators}' checkpoint, not eagle3"
+    eagle3 = "draft_vocab_size" in cfg or speculators == "eagle3" or any(
+        "eagle3" in a.lower() for a in cfg.get("architectures") or [])
+    if kind == "eagle" and eagle3:
+        return "an EAGLE-3 checkpoint (draft vocabulary, fused features): set model.draft.kind: eagle3"
+    return None
