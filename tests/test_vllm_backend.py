@@ -102,6 +102,31 @@ def test_submit_refuses_an_unservable_draft_in_one_line_before_writing(tmp_path)
     assert not out.exists()
 
 
+def test_a_model_vllm_cannot_load_fails_the_shards_with_one_line(tmp_path):
+    """The vllm driver reads configs as JSON only (no transformers), so an architecture nobody knows
+    reaches the actor: its shards fail with vLLM's reason in one line, and the actor lives."""
+    import json
+    import shutil
+
+    from batchspec.runner.plan import plan_shards
+    from batchspec.runner.worker import ShardWorker
+
+    _require_vllm()
+    target = tmp_path / "unknown-arch"
+    shutil.copytree(ROOT / "models/legal-target", target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "model_type": "nonsense",
+                                                    "architectures": ["NonsenseForCausalLM"]}))
+    spec = load_spec(DEMO_JOB, [f"model.target={target}", "model.backend=vllm", "model.draft.kind=ngram",
+                                f"output.path={tmp_path / 'out'}"])
+    worker = ShardWorker(spec.model_dump_json(), "job-1", backend="vllm")
+    shard = plan_shards(str(ROOT / "jobs/data/legal"))[0]
+    summary = json.loads(worker({"shard": [json.dumps(shard.to_json())]})["summary"][0])
+    assert summary["status"] == "failed" and "\n" not in summary["error"]
+    assert summary["error"].startswith(f"model could not be loaded: vLLM cannot serve {target}")
+    assert "model type `nonsense`" in summary["error"]
+
+
 def _require_vllm():
     if not vllm_installed():
         if os.environ.get("CI"):

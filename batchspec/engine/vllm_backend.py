@@ -89,6 +89,22 @@ def engine_args(spec_model, k_max: int, on_gpu: bool) -> dict:
     return args
 
 
+def _engine(LLM, args: dict, spec_model):
+    """vllm.LLM(**args); what vLLM refuses (an architecture it does not know, a draft that does not
+    fit, too little memory) becomes a ModelLoadError of one line, which fails the actor's shards with
+    the reason instead of killing the actor into a page of ActorDiedError."""
+    from .models import ModelLoadError
+
+    try:
+        return LLM(**args)
+    except Exception as e:
+        errors = getattr(e, "errors", None)  # pydantic: the validator's message, not "1 validation error for ..."
+        reason = errors()[0].get("msg", str(e)) if callable(errors) and errors() else str(e)
+        first = next((line.strip() for line in reason.splitlines() if line.strip()), type(e).__name__)
+        draft = f" with draft {spec_model.draft.kind} {spec_model.draft.path or ''}".rstrip()
+        raise ModelLoadError(f"vLLM cannot serve {spec_model.target}{draft}: {type(e).__name__}: {first[:400]}") from e
+
+
 class VLLMBackend:
     name = "vllm"
     rows_per_call = 0  # 0: a whole shard per call (vLLM schedules it); probes use the runner's batch
@@ -155,11 +171,11 @@ class VLLMBackend:
         k_max = k_default if d.kind in ("medusa", "mtp", "eagle", "eagle3") else max(8, k_default)
         on_gpu = spec_model.device.startswith("cuda") or (spec_model.device == "auto" and torch.cuda.is_available())
         args = engine_args(spec_model, k_max, on_gpu)
-        llm = LLM(**args)
+        llm = _engine(LLM, args, spec_model)
         plain = None
         if spec_model.vllm_plain_engine and args["speculative_config"] is not None:
-            plain = LLM(**{k: v for k, v in args.items() if k not in ("speculative_config",
-                                                                       "per_request_spec_decode_metrics")})
+            plain = _engine(LLM, {k: v for k, v in args.items() if k not in ("speculative_config",
+                                                                             "per_request_spec_decode_metrics")}, spec_model)
         tokenizer = AutoTokenizer.from_pretrained(args["model"], trust_remote_code=spec_model.trust_remote_code)
         source = {"model": d.path, "ngram": f"ngram (max {d.max_ngram})", "quantized": f"{spec_model.target} (fp8)",
                   "none": None}.get(d.kind, d.path or d.kind)
