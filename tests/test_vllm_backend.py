@@ -453,3 +453,27 @@ def test_plain_engine_serves_the_calls_at_k0(repeater_drafts):
     finally:
         del backend
         gc.collect()
+
+
+def test_plain_engine_beside_an_ngram_draft_starts():
+    """vLLM's CPU kernel registration fails for an engine started after an ngram engine in the same
+    process; the backend starts the plain engine first. In a subprocess: an ngram engine in this
+    one would break every later engine start of the session."""
+    import subprocess
+    import sys
+
+    _require_vllm()
+    code = f"""
+from batchspec.engine.backend import load_backend
+from batchspec.spec import load_spec
+spec = load_spec({str(DEMO_JOB)!r}, ["model.target={ROOT / 'models/legal-target'}", "model.backend=vllm",
+                                     "model.draft.kind=ngram", "model.vllm_plain_engine=true"])
+backend = load_backend("vllm", spec.model, k_default=4)
+rows = [[5, 9, 11, 9, 11, t] for t in (20, 30, 40)]
+off, _ = backend.generate(rows, 12, speculate=False)
+on, _ = backend.generate(rows, 12, speculate=True, draft_length=4)
+assert backend.plain_llm is not None and [o.token_ids for o in off] == [o.token_ids for o in on]
+print("OK", sum(o.stats.draft_tokens for o in on))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]

@@ -101,7 +101,8 @@ def _engine(LLM, args: dict, spec_model):
         errors = getattr(e, "errors", None)  # pydantic: the validator's message, not "1 validation error for ..."
         reason = errors()[0].get("msg", str(e)) if callable(errors) and errors() else str(e)
         first = next((line.strip() for line in reason.splitlines() if line.strip()), type(e).__name__)
-        draft = f" with draft {spec_model.draft.kind} {spec_model.draft.path or ''}".rstrip()
+        d = spec_model.draft
+        draft = "" if d.kind == "none" else f" with draft {d.kind}" + (f" {d.path}" if d.path and d.kind != "ngram" else "")
         raise ModelLoadError(f"vLLM cannot serve {spec_model.target}{draft}: {type(e).__name__}: {first[:400]}") from e
 
 
@@ -171,11 +172,13 @@ class VLLMBackend:
         k_max = k_default if d.kind in ("medusa", "mtp", "eagle", "eagle3") else max(8, k_default)
         on_gpu = spec_model.device.startswith("cuda") or (spec_model.device == "auto" and torch.cuda.is_available())
         args = engine_args(spec_model, k_max, on_gpu)
-        llm = _engine(LLM, args, spec_model)
         plain = None
         if spec_model.vllm_plain_engine and args["speculative_config"] is not None:
+            # Started first: an engine started in a process where an ngram engine already runs fails in
+            # vLLM's CPU kernel registration ('_lib_fn_wrapper' object has no attribute 'get').
             plain = _engine(LLM, {k: v for k, v in args.items() if k not in ("speculative_config",
                                                                              "per_request_spec_decode_metrics")}, spec_model)
+        llm = _engine(LLM, args, spec_model)
         tokenizer = AutoTokenizer.from_pretrained(args["model"], trust_remote_code=spec_model.trust_remote_code)
         source = {"model": d.path, "ngram": f"ngram (max {d.max_ngram})", "quantized": f"{spec_model.target} (fp8)",
                   "none": None}.get(d.kind, d.path or d.kind)
