@@ -65,8 +65,9 @@ def _run(job: str, overrides: list[str], address: Optional[str], force: bool, qu
     progress = Progress(enabled=not quiet and log_format == "text", stream=real_stderr)
     try:
         with progress:
-            result = submit(spec, address=address, force=force, on_shard=progress.shard_done, on_plan=progress.planned,
-                            worker_logs=worker_logs)
+            # Failed shards: the display tells them when it prints; otherwise (--quiet, JSON) the log does.
+            result = submit(spec, address=address, force=force, on_shard=progress.shard_done if progress.printing else None,
+                            on_plan=progress.planned, worker_logs=worker_logs)
     except (JobRefused, PlanError) as e:
         _die(str(e))
     except JobInterrupted as e:

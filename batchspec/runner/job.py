@@ -241,7 +241,7 @@ def _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0, back
         for row in ds.iter_rows():
             manifest = json.loads(row["summary"])
             reported[manifest["shard"]] = manifest.get("error")
-            _log_shard(job_id, manifest)
+            _log_shard(job_id, manifest, shown=on_shard is not None)
             if on_shard:
                 on_shard(manifest)
 
@@ -272,9 +272,10 @@ def _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0, back
     return result
 
 
-def _log_shard(job_id: str, m: dict) -> None:
+def _log_shard(job_id: str, m: dict, shown: bool = False) -> None:
     """The driver's line for a finished shard (actors log to their own files): in order, before
-    the job's last line, with the figures a pipeline wants."""
+    the job's last line, with the figures a pipeline wants. A failed shard is a warning, unless a
+    display (on_shard) already tells it to the same person: then it is logged at INFO."""
     tok = m.get("tokens") or {}
     if m.get("status") == "done":
         log_event(log, "shard done", job=job_id, shard=m["shard"], rows=m.get("rows_out"),
@@ -282,8 +283,8 @@ def _log_shard(job_id: str, m: dict) -> None:
                   accepted_tokens=tok.get("accepted_tokens", 0), draft_tokens=tok.get("draft_tokens", 0),
                   attempts=m.get("attempts"))
     else:
-        log_event(log, f"shard failed: {m.get('error')}", logging.WARNING, job=job_id, shard=m["shard"],
-                  attempts=m.get("attempts"))
+        log_event(log, f"shard failed: {m.get('error')}", logging.INFO if shown else logging.WARNING, job=job_id,
+                  shard=m["shard"], attempts=m.get("attempts"))
 
 
 def _job_record(spec: JobSpec, job_id: str, shards: list[Shard], previous: dict | None, status: str,

@@ -59,12 +59,14 @@ class Progress:
         accepted = acceptance_rate(self.accepted, self.drafted)
         acc = f"{accepted:.2f}" if accepted is not None else "-"
         stats = f"rows {self.rows}  {rate:.0f} tok/s  acceptance {acc}  failed {self.failed}"
+        state = m.get("status")
+        line = f"shard {m['shard']}: {state}" + (f" ({m.get('error')})" if state != "done" else "") + f" | {stats}"
         if self._bar is not None:
             self._bar.update(self._task, advance=1, stats=stats)
+            if state != "done":  # the reason, above the bar: this display is where failures are told
+                self._bar.console.print(line)
         elif self.printing:
-            state = m.get("status")
-            self.console.print(f"shard {m['shard']}: {state}" + (f" ({m.get('error')})" if state != "done" else "")
-                          + f" | {stats}")
+            self.console.print(line)
 
     def summary(self, result) -> None:
         if not self.printing:
