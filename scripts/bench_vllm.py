@@ -2,6 +2,7 @@
 
     python scripts/bench_vllm.py [--jobs demo,llama104m,mixed] [--repeats 2] [--out bench-vllm.json]
     python scripts/bench_vllm.py --switch [--jobs demo]   # what switching speculation on/off per call costs
+    python scripts/bench_vllm.py --engine-path [--jobs demo,mixed]   # batchspec's call vs bare, one process
 
 Per job and repetition, each configuration runs in its own process, in a fixed interleaved order:
 
@@ -261,7 +262,12 @@ def engine_path(job: Path, repeats: int) -> dict:
     placement or Ray, whose run-to-run spread (+-15% here) is as large as what is measured."""
     from batchspec.spec import load_spec
 
-    _, prompt_ids = job_prompts(load_spec(job))
+    spec = load_spec(job)
+    if spec.model.draft.kind == "ngram":
+        # vLLM's CPU build cannot start a second ngram engine in one process (kernel registration fails).
+        print("  skipped: two ngram engines cannot run in one vLLM CPU process")
+        return {}
+    _, prompt_ids = job_prompts(spec)
     out = subprocess.run([sys.executable, "-c", ENGINE_PATH, str(job), json.dumps(prompt_ids), str(repeats)],
                          capture_output=True, text=True, cwd=ROOT)
     line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
