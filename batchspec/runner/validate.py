@@ -113,12 +113,23 @@ def _sources(spec: JobSpec) -> list[tuple[str, str]]:
     return [("target", m.target)] + ([("draft", m.draft.path)] if m.draft.path and m.draft.kind != "ngram" else [])
 
 
-def _s3_problem(source: str, storage_options: dict) -> str | None:
-    """Checked without copying weights onto the driver (actors fetch them)."""
-    import fsspec
+def _settled(role: str, source: str, storage_options: dict, problems: list[str]) -> bool:
+    """What every check does first: an s3:// prefix must hold a config.json (checked without
+    copying weights onto the driver: actors fetch them), a local path must be a checkpoint
+    directory. True when that settles the source (checked, or its problem recorded)."""
+    from ..engine.sources import local_source_problem
 
-    fs, root = fsspec.core.url_to_fs(source, **storage_options)
-    return None if fs.exists(f"{root.rstrip('/')}/config.json") else f"no config.json under {source}"
+    if source.startswith("s3://"):
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(source, **storage_options)
+        if not fs.exists(f"{root.rstrip('/')}/config.json"):
+            raise FileNotFoundError(f"no config.json under {source}")
+        return True
+    problem = local_source_problem(source)
+    if problem:
+        problems.append(f"{role} model: {problem}")
+    return problem is not None
 
 
 def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None = None) -> list[str]:
@@ -132,19 +143,11 @@ def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None =
 
     from ..engine.drafts import check_tokenizers_compatible
     from ..engine.models import ModelLoadError, attention_window, resolve_model_path, serving_problem
-    from ..engine.sources import local_source_problem
 
     m, problems, toks = spec.model, [], {}
     for role, source in _sources(spec):
         try:
-            if source.startswith("s3://"):
-                problem = _s3_problem(source, m.storage_options)
-                if problem:
-                    raise FileNotFoundError(problem)
-                continue
-            problem = local_source_problem(source)
-            if problem:
-                problems.append(f"{role} model: {problem}")
+            if _settled(role, source, m.storage_options, problems):
                 continue
             path = resolve_model_path(source, m.storage_options)
             if role == "draft" and m.draft.kind != "model":  # learned drafts: their own config.json layouts
@@ -181,19 +184,12 @@ def local_model_problems(spec: JobSpec) -> list[str] | None:
     covers local checkpoint directories whose tokenizers are tokenizer.json files, and s3:// prefixes;
     for anything else (a hub id, a tokenizer without tokenizer.json) it returns None and the full
     check runs. Configs are read as JSON: vLLM checks the model type itself when an actor loads it."""
-    from ..engine.sources import config_problem, local_source_problem, vocab_problem
+    from ..engine.sources import config_problem, vocab_problem
 
     m, problems, vocabs = spec.model, [], {}
     for role, source in _sources(spec):
         try:
-            if source.startswith("s3://"):
-                problem = _s3_problem(source, m.storage_options)
-                if problem:
-                    raise FileNotFoundError(problem)
-                continue
-            problem = local_source_problem(source)
-            if problem:
-                problems.append(f"{role} model: {problem}")
+            if _settled(role, source, m.storage_options, problems):
                 continue
             folder = Path(source).expanduser()
             tokenizer_file = folder / "tokenizer.json"
