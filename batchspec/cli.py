@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from typing import List, Optional
 
@@ -63,6 +64,8 @@ def _run(job: str, overrides: list[str], address: Optional[str], force: bool, qu
         if _guard(lambda: OutputStore(spec.output.path, spec.output.storage_options).read_job(), spec.output.path) is None:
             _die(f"nothing to rerun at {spec.output.path} (no _batchspec/job.json); use `batchspec submit {job}`")
     progress = Progress(enabled=not quiet and log_format == "text", stream=real_stderr)
+    # The rerun hint repeats the overrides: without them the spec (and its hash) differ, and rerun refuses.
+    again = " ".join([job] + [f"--set {shlex.quote(item)}" for item in overrides or []])
     try:
         with progress:
             # Failed shards: the display tells them when it prints; otherwise (--quiet, JSON) the log does.
@@ -73,12 +76,12 @@ def _run(job: str, overrides: list[str], address: Optional[str], force: bool, qu
     except JobInterrupted as e:
         st = e.status["shards"]
         typer.echo(f"interrupted: {st['done']} of {st['total']} shard(s) done, {st['pending'] + st['failed']} not done; "
-                   f"`batchspec rerun {job}` runs only those", err=True)
+                   f"`batchspec rerun {again}` runs only those", err=True)
         raise typer.Exit(130)
     progress.summary(result)
     if not result.ok:
         typer.echo(f"error: {len(result.failed)} shard(s) failed: {', '.join(sorted(result.failed))}. Fix the cause, then "
-                   f"`batchspec rerun {job}` redoes only the shards that are not done.", err=True)
+                   f"`batchspec rerun {again}` redoes only the shards that are not done.", err=True)
         raise typer.Exit(EXIT_FAILED_SHARDS)
 
 

@@ -54,14 +54,16 @@ def test_default_output_is_a_line_per_shard_and_one_summary(models_dir, tmp_path
 def test_a_failed_shard_is_told_once_with_its_reason_and_quiet_still_tells_it(models_dir, tmp_path):
     job = write_job(models_dir, tmp_path, name="bad", shards=2)
     (tmp_path / "bad-in" / "prompts-0009.parquet").write_bytes(b"not a parquet file")
-    res = run_cli("submit", str(job))
+    res = run_cli("submit", str(job), "--set", "generation.max_new_tokens=6")
     assert res.returncode == 1, res.stderr
     told = [line for line in res.stderr.splitlines() if "prompts-0009" in line]
     assert len(told) == 2, res.stderr  # the shard's line and the closing `error: ... rerun` line
     assert told[0].startswith("shard prompts-0009: failed (") and "Parquet" in told[0]
     assert told[1].startswith("error: 1 shard(s) failed: prompts-0009.")
-    quiet = run_cli("rerun", str(job), "--quiet")  # no display: the warning carries the reason
-    assert quiet.returncode == 1
+    # The hint keeps the overrides: without them the spec differs and rerun would refuse (exit 2).
+    assert f"`batchspec rerun {job} --set generation.max_new_tokens=6` redoes only" in told[1]
+    quiet = run_cli("rerun", str(job), "--set", "generation.max_new_tokens=6", "--quiet")
+    assert quiet.returncode == 1  # no display: the warning carries the reason
     assert [line for line in quiet.stderr.splitlines() if "shard failed" in line and "Parquet" in line], quiet.stderr
 
 
