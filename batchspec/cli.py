@@ -66,6 +66,7 @@ def _run(job: str, overrides: list[str], address: Optional[str], force: bool, qu
     progress = Progress(enabled=not quiet and log_format == "text", stream=real_stderr)
     # The rerun hint repeats the overrides: without them the spec (and its hash) differ, and rerun refuses.
     again = " ".join([job] + [f"--set {shlex.quote(item)}" for item in overrides or []])
+    ray_was_running = _ray_running()
     try:
         with progress:
             # Failed shards: the display tells them when it prints; otherwise (--quiet, JSON) the log does.
@@ -82,7 +83,30 @@ def _run(job: str, overrides: list[str], address: Optional[str], force: bool, qu
     if not result.ok:
         typer.echo(f"error: {len(result.failed)} shard(s) failed: {', '.join(sorted(result.failed))}. Fix the cause, then "
                    f"`batchspec rerun {again}` redoes only the shards that are not done.", err=True)
+    if not ray_was_running:
+        _stop_ray()
+    if not result.ok:
         raise typer.Exit(EXIT_FAILED_SHARDS)
+
+
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")
+    return bool(ray and ray.is_initialized())
+
+
+def _stop_ray() -> None:
+    """Stop the Ray this command started, with Ctrl-C ignored for the ~1.3 s it takes: the output is
+    complete by then. Left to the interpreter's exit, a Ctrl-C landing in Ray's shutdown printed
+    Python's "Exception ignored in atexit callback" traceback and could leave Ray's processes."""
+    import signal
+
+    if not _ray_running():
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        sys.modules["ray"].shutdown()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _guard(fn, output: str):

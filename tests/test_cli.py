@@ -105,6 +105,23 @@ def test_ctrl_c_records_the_run_and_says_how_to_continue(models_dir, tmp_path):
     assert st["complete"] and st["shards"]["done"] == 12
 
 
+def test_ctrl_c_after_the_summary_is_ignored_while_ray_stops(models_dir, tmp_path):
+    """The output is complete once the summary is printed; a Ctrl-C during Ray's shutdown after it
+    must not print a traceback or change the exit code."""
+    job = write_job(models_dir, tmp_path, name="late")
+    err = tmp_path / "stderr.txt"
+    with open(err, "w") as f:
+        proc = subprocess.Popen([BATCHSPEC, "submit", str(job)], stderr=f, stdout=subprocess.DEVNULL)
+        deadline = time.time() + 240
+        while "\ndone: " not in err.read_text() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+    text = err.read_text()
+    assert "\ndone: 3 shard(s) run" in text
+    assert code == 0 and "Traceback" not in text and "Exception ignored" not in text, text
+
+
 def one_line_error(res) -> str:
     assert res.exit_code == 2, res.output
     lines = [line for line in res.output.splitlines() if line.strip()]
