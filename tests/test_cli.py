@@ -83,17 +83,23 @@ def test_quiet_prints_nothing_on_success_and_json_is_json(models_dir, tmp_path):
     assert all(r["logger"].startswith("batchspec") for r in records), msgs  # nothing foreign got through
 
 
-def test_ctrl_c_records_the_run_and_says_how_to_continue(models_dir, tmp_path):
-    job = write_job(models_dir, tmp_path, shards=12, rows=40, max_new=128)
+def interrupt_when(marker: str, job: Path, tmp_path) -> tuple[int, str]:
+    """`batchspec submit JOB`, sent SIGINT as soon as its stderr shows marker: (exit code, stderr)."""
     err = tmp_path / "stderr.txt"
     with open(err, "w") as f:
         proc = subprocess.Popen([BATCHSPEC, "submit", str(job)], stderr=f, stdout=subprocess.DEVNULL)
         deadline = time.time() + 240
-        while "done |" not in err.read_text() and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.3)
+        while marker not in err.read_text() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.02)
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 130
-    text = err.read_text()
+        code = proc.wait(timeout=60)
+    return code, err.read_text()
+
+
+def test_ctrl_c_records_the_run_and_says_how_to_continue(models_dir, tmp_path):
+    job = write_job(models_dir, tmp_path, shards=12, rows=40, max_new=128)
+    code, text = interrupt_when("done |", job, tmp_path)
+    assert code == 130
     assert "interrupted:" in text and f"`batchspec rerun {job}` runs only those" in text
     record = json.loads((tmp_path / "job-out" / "_batchspec" / "job.json").read_text())
     assert record["status"] == "interrupted" and record["runs"][-1]["status"] == "interrupted"
@@ -108,16 +114,7 @@ def test_ctrl_c_records_the_run_and_says_how_to_continue(models_dir, tmp_path):
 def test_ctrl_c_after_the_summary_is_ignored_while_ray_stops(models_dir, tmp_path):
     """The output is complete once the summary is printed; a Ctrl-C during Ray's shutdown after it
     must not print a traceback or change the exit code."""
-    job = write_job(models_dir, tmp_path, name="late")
-    err = tmp_path / "stderr.txt"
-    with open(err, "w") as f:
-        proc = subprocess.Popen([BATCHSPEC, "submit", str(job)], stderr=f, stdout=subprocess.DEVNULL)
-        deadline = time.time() + 240
-        while "\ndone: " not in err.read_text() and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=60)
-    text = err.read_text()
+    code, text = interrupt_when("\ndone: ", write_job(models_dir, tmp_path, name="late"), tmp_path)
     assert "\ndone: 3 shard(s) run" in text
     assert code == 0 and "Traceback" not in text and "Exception ignored" not in text, text
 
