@@ -210,13 +210,18 @@ class ShardRunner:
         sp = spec.speculation
         mode = "off" if m.draft.kind == "none" else sp.mode
         # vLLM with one engine: costs come from the steps of real calls (policy.StepArms), no calibration.
-        self.learns_costs = mode == "auto" and bool(getattr(engine, "learns_costs", False))
+        measure_in_call = mode == "auto" and bool(getattr(engine, "learns_costs", False))
         self.policy = Policy(mode, k_default=sp.num_speculative_tokens, k_max=max(8, sp.num_speculative_tokens),
-                             measure_in_call=self.learns_costs)
-        self.calibrate = mode == "auto" and calibrate and not self.learns_costs
+                             measure_in_call=measure_in_call)
+        self.calibrate = mode == "auto" and calibrate and not measure_in_call
         self.costs_by_batch: dict[int, Costs] = {}  # measured (or learned) per concurrency on this actor
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self.faults = FaultPlan.from_env()  # None unless a reliability test set BATCHSPEC_FAULT_FILE
+
+    @property
+    def learns_costs(self) -> bool:
+        """The policy's costs come from the steps of real calls (the policy measures in the call)."""
+        return self.policy.measure_in_call
 
     def concurrency(self, rows: int) -> int:
         """Rows the backend runs at once for this shard: the micro-batch (hf), or the shard up to
