@@ -27,9 +27,8 @@ from typing import Callable
 import torch
 
 from .engine import DraftSpec, Engine, FixedK, GenerationConfig, SamplingParams
-from .engine.generate import generate
 from .engine.engine import measure_costs
-from .engine.generate import AdaptiveK
+from .engine.generate import AdaptiveK, generate
 from .engine.models import cache_root
 from .policy import Costs, LengthProfile, Policy, expected_tokens
 from .rates import acceptance_rate, mean_acceptance_length, per_token_acceptance
