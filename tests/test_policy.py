@@ -156,6 +156,19 @@ def test_step_arms_measure_each_arm_in_the_call_then_keep_the_faster():
     assert rule.k == 0 and rule.summary().endswith("kept plain")
 
 
+def test_step_arms_judge_an_arm_by_its_fastest_step_so_a_preempted_step_does_not_decide():
+    # Beside a busy process a step can lose its core for a time slice; that only ever adds time.
+    rule = StepArms((4, 0), measure_steps=2)
+    for k, seconds, tokens in [(4, 0.010, 30), (4, 0.010, 30), (4, 0.060, 34),  # the 2nd clean k=4 step preempted
+                               (0, 0.020, 30), (0, 0.008, 8), (0, 0.008, 8)]:
+        assert rule.next_k() == k
+        rule.observe_step(k, seconds, tokens, 8, prefill=False)
+    # Means would give k=4 64 tokens / 0.07 s = 914/s against plain 1000/s and keep plain.
+    assert rule.rates() == pytest.approx({4: 32 / 0.010, 0: 8 / 0.008})
+    assert rule.next_k() == 4 and rule.settled
+    assert rule.step_seconds() == pytest.approx({4: 0.010, 0: 0.008})
+
+
 def test_step_arms_with_one_arm_never_switch_and_measure_only_the_first_steps():
     rule = StepArms((2,), measure_steps=2)
     assert rule.settled and not rule.explored()
