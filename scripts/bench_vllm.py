@@ -3,6 +3,7 @@
     python scripts/bench_vllm.py [--jobs demo,llama104m,mixed] [--repeats 2] [--out bench-vllm.json]
     python scripts/bench_vllm.py --switch [--jobs demo]   # what switching speculation on/off per call costs
     python scripts/bench_vllm.py --engine-path [--jobs demo,mixed]   # batchspec's call vs bare, one process
+    python scripts/bench_vllm.py --busy [--jobs demo]   # the same with one busy-looping process beside each run
 
 Per job and repetition, each configuration runs in its own process, in a fixed interleaved order:
 
@@ -113,6 +114,24 @@ def batchspec(job: Path, backend: str, out_dir: Path, *sets: str) -> dict:
     return {"generate_s": gen, "calibrate_s": calib, "wall_s": wall, "start_s": wall - total,
             "tokens": sum(r["completion_tokens"] for r in rows), "by_id": {r["id"]: r["completion"] for r in rows},
             "decisions": {s: [d["reason"] for d in m["decisions"]] for s, m in sorted(ms.items())}}
+
+
+class BusyNeighbour:
+    """A process spinning on one core for as long as the block runs: what a neighbour job, a
+    build or a notebook does to a CPU node (--busy)."""
+
+    def __init__(self, on: bool):
+        self.on, self.proc = on, None
+
+    def __enter__(self):
+        if self.on:
+            self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def write_jobs(tmp: Path, which: list[str]) -> dict[str, Path]:
@@ -294,6 +313,8 @@ def main() -> None:
     ap.add_argument("--no-hf", action="store_true", help="leave out the hf backend runs")
     ap.add_argument("--out", default="bench-vllm.json")
     ap.add_argument("--switch", action="store_true", help="measure the cost of switching k per call instead")
+    ap.add_argument("--busy", action="store_true",
+                    help="run every configuration beside one busy-looping process (a neighbour holding a core)")
     ap.add_argument("--engine-path", action="store_true",
                     help="instead: batchspec's engine path vs bare LLM.generate, three engines in one process "
                          "(--repeats calls each, interleaved; default 6)")
@@ -317,7 +338,7 @@ def main() -> None:
     from batchspec.spec import load_spec
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
-    results: dict = {"threads": os.cpu_count(), "jobs": {}}
+    results: dict = {"threads": os.cpu_count(), "busy_neighbour": args.busy, "jobs": {}}
     configs = ["bare vLLM plain", "bare vLLM spec", "batchspec vllm auto"]
     configs += ["batchspec vllm auto+plain"] if args.plain_engine else []
     configs += [] if args.no_hf else ["batchspec hf auto"]
@@ -327,12 +348,13 @@ def main() -> None:
         runs: dict[str, list] = {}
         for rep in range(args.repeats):
             for config in configs:
-                if config.startswith("bare"):
-                    r = bare(spec, prompt_ids, speculative=config.endswith("spec"))
-                    r["by_id"] = dict(zip(ids, r.pop("completions")))
-                else:
-                    sets = ["model.vllm_plain_engine=true"] if config.endswith("+plain") else []
-                    r = batchspec(job, config.split()[1], tmp / f"out-{name}-{rep}-{config.replace(' ', '_')}", *sets)
+                with BusyNeighbour(args.busy):
+                    if config.startswith("bare"):
+                        r = bare(spec, prompt_ids, speculative=config.endswith("spec"))
+                        r["by_id"] = dict(zip(ids, r.pop("completions")))
+                    else:
+                        sets = ["model.vllm_plain_engine=true"] if config.endswith("+plain") else []
+                        r = batchspec(job, config.split()[1], tmp / f"out-{name}-{rep}-{config.replace(' ', '_')}", *sets)
                 runs.setdefault(config, []).append(r)
                 print(f"{name} rep {rep}: {config:<26} generate {r['generate_s']:6.2f}s  wall {r['wall_s']:6.1f}s",
                       flush=True)
@@ -350,7 +372,7 @@ def main() -> None:
         best = min(table["bare vLLM plain"]["generate_s"], table["bare vLLM spec"]["generate_s"])
         best_wall = min(table["bare vLLM plain"]["wall_s"], table["bare vLLM spec"]["wall_s"])
         print(f"\n{name}: {len(reference)} rows, {spec.generation.max_new_tokens} max new tokens, draft "
-              f"{spec.model.draft.kind}; medians of {args.repeats}")
+              f"{spec.model.draft.kind}; medians of {args.repeats}{'; beside a busy process' if args.busy else ''}")
         print(f"{'configuration':<27}{'generate s':>11}{'vs best bare':>13}{'calib s':>8}{'wall s':>8}"
               f"{'start s':>8}{'tok/s':>8}{'agree':>8}")
         for config, t in table.items():
