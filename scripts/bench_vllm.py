@@ -321,6 +321,8 @@ def main() -> None:
     args = ap.parse_args()
     args.jobs = args.jobs or ("demo" if args.switch else "demo,llama104m,mixed")
     args.repeats = args.repeats or (6 if args.engine_path else 2)
+    if args.busy and (args.engine_path or args.switch):
+        ap.error("--busy applies to the job runs, not to --engine-path or --switch")
     if args.engine_path:
         tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
         results = {}

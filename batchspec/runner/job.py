@@ -139,8 +139,8 @@ def actor_env_vars(backend: str, threads: int) -> dict[str, str]:
     responsive, which leaves a CPU actor the job's work runs in behind every nice-0 process on
     the node: the driver's polling, Ray's agents, any neighbour. vLLM demo job with one busy
     process beside it: generation 6.8-7.1 s at 15, 2.2-2.4 s at 0 (bare vLLM: 1.9-2.5 s); quiet,
-    0.80 vs 0.83 s median of 6. The actors are the job; they run at the niceness of the driver's
-    user. A user's own RAY_worker_niceness wins."""
+    0.80 vs 0.83 s median of 6. The actors are the job: they run at the niceness of Ray's own
+    processes (on a local Ray, the driver's). A RAY_worker_niceness set by the user wins."""
     env = {"RAY_worker_niceness": os.environ.get("RAY_worker_niceness", "0")}
     if backend == "hf" and threads and threads >= (os.cpu_count() or 1) and "OMP_WAIT_POLICY" not in os.environ:
         # The actor's torch threads cannot have the cores to themselves (Ray's own processes, the
