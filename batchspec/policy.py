@@ -255,11 +255,12 @@ class StepArms:
 
     `arms[0]` is the policy's k; when the policy has no costs at this concurrency yet, the other arms
     (plain decoding, k = 0) are measured too: each for `measure_steps` clean steps, in order, then the
-    call keeps the arm with the most tokens per second for the rest of its steps. An arm's step
-    time is its fastest clean step: another process taking the core only ever adds time, and beside
-    one busy process a preempted step made the mean pick plain (demo job: 2.94 s against 2.37 s
-    for the run that kept k=4); its tokens per step are the mean (acceptance varies, and is the
-    data, not noise). No separate
+    call keeps the arm with the most tokens per second for the rest of its steps. An arm is judged
+    by its fastest clean step, tokens and seconds of that one step: another process taking the
+    core only ever adds time, and beside one busy process a preempted step made the mean pick
+    plain (demo job: 2.94 s against 2.37 s for the run that kept k=4). Mixing the fastest time
+    with the mean tokens was tried and is wrong for drafts whose step cost follows the data: an
+    n-gram step that proposes little is both fast and short of tokens. No separate
     calibration call is needed and nothing is thrown away: every step, exploring or not, emits
     tokens of the rows being generated.
 
@@ -273,7 +274,7 @@ class StepArms:
         self.measure_steps = measure_steps
         self.k = self.arms[0]
         self.settled = len(self.arms) == 1
-        self.steps = {k: [0, 0, float("inf")] for k in self.arms}  # k -> [clean steps, tokens, fastest step's seconds]
+        self.steps = {k: [0, 0, float("inf")] for k in self.arms}  # k -> [clean steps, fastest step's tokens, its seconds]
         self.prefill_s = 0.0
         self.rows = 0  # rows decoding at the largest clean step
         self._last: int | None = None
@@ -295,16 +296,18 @@ class StepArms:
             # Only an arm's first clean steps count: they are what the arms are compared on, at
             # the call's full concurrency (later steps run fewer rows as rows finish).
             n = self.steps[k]
-            n[0], n[1], n[2] = n[0] + 1, n[1] + tokens, min(n[2], seconds)
+            n[0] += 1
+            if seconds < n[2]:
+                n[1], n[2] = tokens, seconds
             self.rows = max(self.rows, rows)
         self._last = k
 
     def rates(self) -> dict[int, float]:
-        """Tokens per second by arm: mean tokens of its clean steps over its fastest one's seconds."""
-        return {k: tok / n / fastest for k, (n, tok, fastest) in self.steps.items() if n and fastest > 0}
+        """Tokens per second by arm, of its fastest clean step."""
+        return {k: tok / fastest for k, (n, tok, fastest) in self.steps.items() if n and fastest > 0}
 
     def step_seconds(self) -> dict[int, float]:
-        """Seconds of a clean step by arm, the fastest (the costs the policy keeps, as in rates())."""
+        """Seconds of a clean step by arm, the fastest (the cost the policy keeps, as in rates())."""
         return {k: fastest for k, (n, _, fastest) in self.steps.items() if n}
 
     def explored(self) -> bool:

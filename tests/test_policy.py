@@ -164,9 +164,20 @@ def test_step_arms_judge_an_arm_by_its_fastest_step_so_a_preempted_step_does_not
         assert rule.next_k() == k
         rule.observe_step(k, seconds, tokens, 8, prefill=False)
     # Means would give k=4 64 tokens / 0.07 s = 914/s against plain 1000/s and keep plain.
-    assert rule.rates() == pytest.approx({4: 32 / 0.010, 0: 8 / 0.008})
+    assert rule.rates() == pytest.approx({4: 30 / 0.010, 0: 8 / 0.008})
     assert rule.next_k() == 4 and rule.settled
     assert rule.step_seconds() == pytest.approx({4: 0.010, 0: 0.008})
+
+
+def test_step_arms_take_the_fastest_steps_tokens_with_its_time():
+    # An n-gram step that proposes little is fast and short of tokens: its time must not be paired
+    # with the tokens of a step that proposed a lot (that made k=4 look 2x faster than it is).
+    rule = StepArms((4, 0), measure_steps=2)
+    for k, seconds, tokens in [(4, 0.03, 8), (4, 0.012, 8), (4, 0.030, 40),  # proposes nothing, then 4 per row
+                               (0, 0.011, 8), (0, 0.011, 8), (0, 0.011, 8)]:
+        rule.observe_step(rule.next_k(), seconds, tokens, 8, prefill=False)
+    assert rule.rates() == pytest.approx({4: 8 / 0.012, 0: 8 / 0.011})  # not (8 + 40) / 2 / 0.012 = 2000/s
+    assert rule.next_k() == 0 and rule.settled
 
 
 def test_step_arms_with_one_arm_never_switch_and_measure_only_the_first_steps():
