@@ -83,22 +83,24 @@ def test_quiet_prints_nothing_on_success_and_json_is_json(models_dir, tmp_path):
     assert all(r["logger"].startswith("batchspec") for r in records), msgs  # nothing foreign got through
 
 
-def interrupt_when(marker: str, job: Path, tmp_path) -> tuple[int, str]:
-    """`batchspec submit JOB`, sent SIGINT as soon as its stderr shows marker: (exit code, stderr)."""
+def interrupt_when(job: Path, tmp_path, *markers: str) -> tuple[int, str]:
+    """`batchspec submit JOB`, sent SIGINT as soon as its stderr shows each marker in turn: (exit
+    code, stderr)."""
     err = tmp_path / "stderr.txt"
     with open(err, "w") as f:
         proc = subprocess.Popen([BATCHSPEC, "submit", str(job)], stderr=f, stdout=subprocess.DEVNULL)
-        deadline = time.time() + 240
-        while marker not in err.read_text() and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGINT)
+        for marker in markers:
+            deadline = time.time() + 240
+            while marker not in err.read_text() and time.time() < deadline and proc.poll() is None:
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=60)
     return code, err.read_text()
 
 
 def test_ctrl_c_records_the_run_and_says_how_to_continue(models_dir, tmp_path):
     job = write_job(models_dir, tmp_path, shards=12, rows=40, max_new=128)
-    code, text = interrupt_when("done |", job, tmp_path)
+    code, text = interrupt_when(job, tmp_path, "done |")
     assert code == 130
     assert "interrupted:" in text and f"`batchspec rerun {job}` runs only those" in text
     record = json.loads((tmp_path / "job-out" / "_batchspec" / "job.json").read_text())
@@ -114,9 +116,20 @@ def test_ctrl_c_records_the_run_and_says_how_to_continue(models_dir, tmp_path):
 def test_ctrl_c_after_the_summary_is_ignored_while_ray_stops(models_dir, tmp_path):
     """The output is complete once the summary is printed; a Ctrl-C during Ray's shutdown after it
     must not print a traceback or change the exit code."""
-    code, text = interrupt_when("\ndone: ", write_job(models_dir, tmp_path, name="late"), tmp_path)
+    code, text = interrupt_when(write_job(models_dir, tmp_path, name="late"), tmp_path, "\ndone: ")
     assert "\ndone: 3 shard(s) run" in text
     assert code == 0 and "Traceback" not in text and "Exception ignored" not in text, text
+
+
+def test_a_second_ctrl_c_while_an_interrupted_job_stops_ray_is_ignored(models_dir, tmp_path):
+    """The run is recorded before the "interrupted:" line; a user pressing Ctrl-C again while Ray
+    shuts down must get exit 130 and no traceback, not Python's atexit complaint."""
+    job = write_job(models_dir, tmp_path, name="twice", shards=12, rows=40, max_new=128)
+    code, text = interrupt_when(job, tmp_path, "done |", "interrupted: ")
+    assert code == 130 and "interrupted: " in text
+    assert "Traceback" not in text and "Exception ignored" not in text, text
+    record = json.loads((tmp_path / "twice-out" / "_batchspec" / "job.json").read_text())
+    assert record["status"] == "interrupted"
 
 
 def one_line_error(res) -> str:
