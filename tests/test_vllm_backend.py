@@ -326,6 +326,66 @@ def test_vllm_switches_k_between_engine_steps_without_changing_a_token(vllm_back
     assert sum(o.stats.draft_tokens for o in outs) > 0
 
 
+def test_plain_decoding_on_the_speculative_engine_skips_the_draft_and_leaves_no_cache_behind(
+        vllm_backend, demo_prompt_ids, hf_reference):
+    """At k = 0 vLLM still runs a model draft over every new token (to keep its KV cache for a later
+    k > 0). A call plain to its end skips that: no draft forward, rows exact, and the prefix cache
+    is emptied after it, since its blocks hold no draft KV. A step rule's draft runs while the
+    rule is still measuring, and stops once it has settled on plain."""
+    from vllm import SamplingParams as VParams
+
+    b = vllm_backend
+    assert b.skips_draft
+    model = b.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.drafter.model
+    forwards = []
+    model.forward = lambda *a, _forward=model.forward, **kw: (forwards.append(1), _forward(*a, **kw))[1]
+    # Prompts of two full KV blocks (128 tokens on CPU): only full blocks enter the prefix cache.
+    long = [(ids * 8)[:300] for ids in demo_prompt_ids[:8]]
+
+    def cached_tokens() -> list[int]:  # per row: prompt tokens a speculative call found cached
+        b.set_k(4)
+        outs = b.llm.generate([{"prompt_token_ids": ids} for ids in long], VParams(max_tokens=2, temperature=0.0),
+                              use_tqdm=False)
+        return [o.num_cached_tokens for o in outs]
+
+    class Settling:  # k=4 for 2 steps, plain for 3 while measuring, then settled on plain
+        settled = False
+
+        def __init__(self):
+            self.seen = []
+
+        def next_k(self):
+            self.settled = len(self.seen) >= 5
+            return 4 if len(self.seen) < 2 else 0
+
+        def observe_step(self, k, seconds, tokens, rows, prefill):
+            self.seen.append((k, self.settled, len(forwards)))
+
+    try:
+        cached_tokens()
+        assert min(cached_tokens()) >= 256  # the prefix cache serves a call's prompts to the next one
+        forwards.clear()
+        outs, _ = b.generate(demo_prompt_ids[:16], 48, stop=("\n",), speculate=False)
+        assert [o.token_ids for o in outs] == hf_reference[0][:16] and not forwards
+        plain, _ = b.generate(long, 24, speculate=False)
+        assert not forwards and max(cached_tokens()) == 0
+        spec, _ = b.generate(long, 24, speculate=True, draft_length=4)
+        assert [o.token_ids for o in spec] == [o.token_ids for o in plain] and forwards
+
+        forwards.clear()
+        rule = Settling()
+        outs, _ = b.generate(long, 24, speculate=True, draft_length=rule)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+        measuring = [n for k, settled, n in rule.seen if not settled]
+        after = [n for k, settled, n in rule.seen if settled]
+        assert len(measuring) == 5 and len(after) > 5 and {k for k, settled, _ in rule.seen if settled} == {0}
+        assert measuring[4] > measuring[3] > measuring[2]  # the draft ran in the plain steps measured
+        assert set(after) == {measuring[-1]}  # and in none once settled
+        assert max(cached_tokens()) == 0
+    finally:
+        del model.forward
+
+
 @pytest.fixture(scope="module")
 def repeater_drafts(tmp_path_factory):
     """A 128-wide target that repeats its last token (vLLM's CPU attention needs head_dim >= 32) and

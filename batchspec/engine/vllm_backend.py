@@ -19,9 +19,17 @@ What batchspec adds on top of a bare `LLM.generate`, and how:
 - A whole shard per call, so continuous batching keeps the batch full as rows finish.
 - A call that fails (a row vLLM rejects) is retried row by row: the bad row becomes an error
   row, the rest of the shard is generated.
+- Plain decoding on the speculative engine without its draft. At k = 0 vLLM still runs a model
+  draft's (draft_model, EAGLE, MTP) first forward over every new token, to keep the draft's KV
+  cache in step in case k rises again: on the mixed job that made k = 0 30% slower than a plain
+  engine, so the policy kept speculating where bare plain vLLM was faster. A call that decodes
+  plainly to its end (decided plain, or a step rule that settled on k = 0) skips that forward, and
+  afterwards empties vLLM's prefix cache: its blocks hold no draft KV for what the call skipped,
+  and a later speculative call reusing them would draft from garbage (still exact, but accepting
+  less). While a step rule measures its plain arm, the draft's time is timed and left out of the
+  plain steps' cost, which is then what the rest of the call pays.
 - Optionally (`model.vllm_plain_engine`) a second engine without speculation serves the calls at
-  k = 0, where the speculative engine would still run its draft over every token; the policy's
-  plain costs are then measured on it.
+  k = 0; the policy's plain costs are then measured on it.
 """
 
 from __future__ import annotations
@@ -121,6 +129,11 @@ class VLLMBackend:
         self.max_batch = int(llm.llm_engine.vllm_config.scheduler_config.max_num_seqs)
         self._scheduler = None
         self._rule = None  # a StepArms-like rule while a call runs with one
+        self.skips_draft = False  # can decode at k = 0 without the draft's forward (module docstring)
+        self._skip_draft = False  # ... and does, for the steps of this call from now on
+        self._time_draft = False  # time the draft's forward in this step (into _draft_s)
+        self._draft_s = 0.0
+        self._skipped = False  # a draft forward was skipped since the prefix cache was last emptied
         if draft_kind != "none":
             try:  # in-process engine core (see module docstring)
                 core = llm.llm_engine.engine_core
@@ -129,6 +142,47 @@ class VLLMBackend:
                 raise RuntimeError("the vllm backend needs vLLM's engine core in process: set "
                                    "VLLM_ENABLE_V1_MULTIPROCESSING=0 before vLLM is imported") from None
             core.get_output = self._stepper(core.get_output)
+            self.skips_draft = self._wrap_drafter(core.engine_core)
+
+    def _wrap_drafter(self, engine_core) -> bool:
+        """Wrap the in-process model runner's draft proposer so that a k = 0 decode step can skip it
+        and its time can be measured. Only proposers that run a draft model forward at k = 0 (vLLM's
+        SpecDecodeBaseProposer: draft_model, eagle, eagle3, mtp); False where there is none or the
+        runner is not reachable (another executor, another vLLM layout): then k = 0 runs as vLLM does."""
+        import torch
+
+        try:
+            from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+            runner = engine_core.model_executor.driver_worker.worker.model_runner
+            drafter = runner.drafter
+        except (ImportError, AttributeError):
+            return False
+        if not isinstance(drafter, SpecDecodeBaseProposer):
+            return False
+        propose, device = drafter.propose, runner.device
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+        def wrapped(*args, **kwargs):
+            k = kwargs["num_speculative_tokens"] if "num_speculative_tokens" in kwargs else args[0]
+            meta = kwargs.get("common_attn_metadata")
+            if self._skip_draft and k == 0 and meta is not None:
+                # What propose returns at k = 0, without the forward that keeps the draft's cache.
+                drafter.num_speculative_tokens, drafter._last_draft_probs = 0, None
+                self._skipped = True
+                return torch.empty(meta.batch_size(), 0, dtype=torch.int64, device=device)
+            if not self._time_draft:
+                return propose(*args, **kwargs)
+            sync()
+            t = time.perf_counter()
+            try:
+                return propose(*args, **kwargs)
+            finally:
+                sync()
+                self._draft_s += time.perf_counter() - t
+
+        drafter.propose = wrapped
+        return True
 
     @property
     def learns_costs(self) -> bool:
@@ -148,12 +202,17 @@ class VLLMBackend:
             if rule is None:
                 return get_output()
             k = self.set_k(rule.next_k())
+            settled = getattr(rule, "settled", True)
+            # Plain to the call's end: the draft's cache is not needed again (module docstring).
+            self._skip_draft = self.skips_draft and k == 0 and settled
+            self._time_draft, self._draft_s = self.skips_draft and k == 0 and not settled, 0.0
             # A step prefills when it admits waiting prompts or continues a chunked prefill.
             prefill = (bool(sched.waiting) and len(sched.running) < max_seqs) or any(
                 r.num_computed_tokens < r.num_prompt_tokens for r in sched.running)
             t = time.perf_counter()
             out = get_output()
-            seconds = time.perf_counter() - t
+            # A plain step measured with the draft running costs, once settled, that less the draft.
+            seconds = time.perf_counter() - t - self._draft_s
             tokens = sum(len(o.new_token_ids) for o in out.outputs)
             rule.observe_step(k, seconds, tokens, len(out.outputs), prefill)
             return out
@@ -223,6 +282,7 @@ class VLLMBackend:
         caps = max_new_per_row or [max_new_tokens] * len(prompt_ids)
         params = [self._params(sampling, stop, cap, seeds[i] if seeds else None) for i, cap in enumerate(caps)]
         self._rule = rule
+        self._skip_draft = plain and self.plain_llm is None and self.skips_draft
         try:
             outs = self._run(prompt_ids, params, plain=plain)
         except Exception as e:  # one row vLLM refuses must not cost the others: retry one by one
@@ -235,7 +295,9 @@ class VLLMBackend:
                 except Exception as row_error:
                     outs.append(f"{type(row_error).__name__}: {str(row_error).splitlines()[0][:200]}")
         finally:
-            self._rule = None
+            self._rule, self._skip_draft, self._time_draft = None, False, False
+            if self._skipped:  # no request runs now, so the reset succeeds (module docstring)
+                self._skipped = not self.llm.reset_prefix_cache()
         completions = [self._completion(o, len(ids), k) for o, ids in zip(outs, prompt_ids)]
         # One aggregate entry for the policy's acceptance estimate; vLLM does not time rounds (target_s 0).
         ok = [c.stats for c in completions if c.error is None]
