@@ -74,16 +74,19 @@ class Costs:
         return self.verify_s[lo] * (1 - w) + self.verify_s[hi] * w
 
     @classmethod
-    def from_steps(cls, batch_size: int, step_s: dict[int, float], prefill_token_s: float) -> "Costs | None":
+    def from_steps(cls, batch_size: int, step_s: dict[int, float], prefill_token_s: float,
+                   draft_prefill_token_s: float = 0.0) -> "Costs | None":
         """Costs of an engine that times whole steps (vLLM): step_s[0] a plain step, step_s[k] a step
         that verifies k drafts and proposes k more, so draft_step_s is 0 and verify(k) is the round.
+        The prefill costs are the target's and the draft's apart (a plain call skips the draft).
         None until both a plain and a speculative step were measured."""
         spec = {k: s for k, s in step_s.items() if k > 0}
         if 0 not in step_s or not spec:
             return None
-        return cls(batch_size, step_s[0], 0.0, spec, prefill_token_s)
+        return cls(batch_size, step_s[0], 0.0, spec, prefill_token_s, draft_prefill_token_s)
 
-    def learn_steps(self, step_s: dict[int, float], prefill_token_s: float, weight: float = 0.5) -> None:
+    def learn_steps(self, step_s: dict[int, float], prefill_token_s: float, draft_prefill_token_s: float = 0.0,
+                    weight: float = 0.5) -> None:
         """Refresh from the steps of a later call (EWMA per k; a k not seen before is taken as measured)."""
         for k, s in step_s.items():
             if k == 0:
@@ -93,6 +96,8 @@ class Costs:
                 self.verify_s[k] = s if old is None else old + weight * (s - old)
         if prefill_token_s > 0:
             self.prefill_token_s += weight * (prefill_token_s - self.prefill_token_s)
+        if draft_prefill_token_s > 0:  # only calls that ran the draft over their prompts measure it
+            self.draft_prefill_token_s += weight * (draft_prefill_token_s - self.draft_prefill_token_s)
 
     def update(self, k: int, draft_s: float, target_s: float, weight: float = 0.2) -> None:
         """Refresh from one measured round (EWMA), so costs follow real context lengths and loop
@@ -275,7 +280,8 @@ class StepArms:
         self.k = self.arms[0]
         self.settled = len(self.arms) == 1
         self.steps = {k: [0, 0, float("inf")] for k in self.arms}  # k -> [clean steps, fastest step's tokens, its seconds]
-        self.prefill_s = 0.0
+        self.prefill_s = 0.0  # the target's part of the prefill steps
+        self.draft_prefill_s = 0.0  # the draft's part, where the engine timed it apart
         self.rows = 0  # rows decoding at the largest clean step
         self._last: int | None = None
 
@@ -289,9 +295,13 @@ class StepArms:
                 self.k, self.settled = max(rates, key=rates.get), True
         return self.k
 
-    def observe_step(self, k: int, seconds: float, tokens: int, rows: int, prefill: bool) -> None:
+    def observe_step(self, k: int, seconds: float, tokens: int, rows: int, prefill: bool, draft_s: float = 0.0) -> None:
+        """seconds: the step's cost as this arm will pay it; draft_s: the draft's time, where the
+        engine measured it apart and left it out of seconds (a prefill step's, or a plain step's
+        whose draft runs only while measuring)."""
         if prefill:
             self.prefill_s += seconds
+            self.draft_prefill_s += draft_s
         elif k == self._last and k in self.steps and self.steps[k][0] < self.measure_steps:
             # Only an arm's first clean steps count: they are what the arms are compared on, at
             # the call's full concurrency (later steps run fewer rows as rows finish).

@@ -74,9 +74,9 @@ class ModelSpec(_Strict):
         "gpu_memory_utilization: 0.85}. Default enforce_eager is true on CPU (start in seconds, not minutes).")
     vllm_plain_engine: bool = Field(
         False, description="vllm backend: a second engine without speculation for the calls the policy runs "
-        "plain. A speculative engine at k=0 still runs its draft over every token (measured +3% to +43% over a "
-        "plain engine on CPU, docs/policy.md); this removes that for 'off' shards at the price of the weights "
-        "and KV cache twice (on GPU, split gpu_memory_utilization between the two through vllm_args).")
+        "plain, at the price of the weights and KV cache twice (on GPU, split gpu_memory_utilization between the "
+        "two through vllm_args). Rarely worth it now: the speculative engine skips its draft in calls that run "
+        "plain to their end, which made them as fast as a plain engine (docs/policy.md).")
     draft: DraftSpecModel = Field(default_factory=DraftSpecModel, description="The draft that proposes tokens.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto = bfloat16 on CUDA, float32 on CPU.")

@@ -188,6 +188,28 @@ def test_step_arms_with_one_arm_never_switch_and_measure_only_the_first_steps():
     assert rule.steps[2][0] == 2  # later steps (fewer rows as rows finish) do not move the measure
 
 
+def test_a_drafts_prefill_measured_in_the_call_can_turn_later_calls_plain():
+    """A plain call skips the draft, prompts included (vllm backend), so the draft's part of the
+    prefill is a cost of speculating only. The EAGLE-3 demo's shape: k=4 steps 1.29x faster per
+    token than plain ones, but the draft's pass over 100-token prompts costs more than that saves."""
+    rule = StepArms((4, 0), measure_steps=2)
+    rule.observe_step(4, 0.50, 96, 96, prefill=True, draft_s=0.25)  # the target's 0.50 s, the draft's 0.25 s
+    assert (rule.prefill_s, rule.draft_prefill_s) == pytest.approx((0.50, 0.25))
+    positions = 100  # mean prompt length of the call: costs per position for the whole batch
+    alpha, profile = 0.9, LengthProfile([100] * 96, 32)
+    for draft_prefill, on in ((0.25 / positions, False), (0.0, True)):
+        c = Costs.from_steps(96, {0: 0.0126, 4: 0.040}, 0.50 / positions, draft_prefill)
+        assert c.draft_prefill_token_s == draft_prefill
+        assert decode_speedup(alpha, 4, c.c, c.v(4)) == pytest.approx(1.29, abs=0.01)
+        p = Policy("auto", k_default=4, k_max=4)
+        p.calibrate(c)
+        p.prior.accepted, p.prior.trials = alpha * 1000, 1000
+        d = p.decide(profile, None)
+        assert d.speculate is on, d.reason
+    c.learn_steps({}, 0.0, 0.004)  # a later speculative call's draft prefill; a plain call's 0 moves nothing
+    assert c.draft_prefill_token_s == pytest.approx(0.002)
+
+
 def test_costs_from_steps_need_a_plain_and_a_speculative_step():
     assert Costs.from_steps(64, {4: 0.03}, 1e-4) is None
     assert Costs.from_steps(64, {0: 0.01}, 1e-4) is None

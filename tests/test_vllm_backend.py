@@ -309,7 +309,7 @@ def test_vllm_switches_k_between_engine_steps_without_changing_a_token(vllm_back
         def next_k(self):
             return self.ks[len(self.seen) % len(self.ks)]
 
-        def observe_step(self, k, seconds, tokens, rows, prefill):
+        def observe_step(self, k, seconds, tokens, rows, prefill, draft_s=0.0):
             self.seen.append((k, seconds, tokens, rows, prefill))
 
     rule = Script([4, 4, 0, 0, 0, 2, 2, 1])
@@ -358,7 +358,7 @@ def test_plain_decoding_on_the_speculative_engine_skips_the_draft_and_leaves_no_
             self.settled = len(self.seen) >= 5
             return 4 if len(self.seen) < 2 else 0
 
-        def observe_step(self, k, seconds, tokens, rows, prefill):
+        def observe_step(self, k, seconds, tokens, rows, prefill, draft_s=0.0):
             self.seen.append((k, self.settled, len(forwards)))
 
     try:

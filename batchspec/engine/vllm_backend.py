@@ -205,16 +205,18 @@ class VLLMBackend:
             settled = getattr(rule, "settled", True)
             # Plain to the call's end: the draft's cache is not needed again (module docstring).
             self._skip_draft = self.skips_draft and k == 0 and settled
-            self._time_draft, self._draft_s = self.skips_draft and k == 0 and not settled, 0.0
             # A step prefills when it admits waiting prompts or continues a chunked prefill.
             prefill = (bool(sched.waiting) and len(sched.running) < max_seqs) or any(
                 r.num_computed_tokens < r.num_prompt_tokens for r in sched.running)
+            # The draft is timed apart where a plain call would not run it: over the prompts, and in
+            # a plain step measured while the rule still might go back to k > 0.
+            self._time_draft = self.skips_draft and not self._skip_draft and (prefill or (k == 0 and not settled))
+            self._draft_s = 0.0
             t = time.perf_counter()
             out = get_output()
-            # A plain step measured with the draft running costs, once settled, that less the draft.
             seconds = time.perf_counter() - t - self._draft_s
             tokens = sum(len(o.new_token_ids) for o in out.outputs)
-            rule.observe_step(k, seconds, tokens, len(out.outputs), prefill)
+            rule.observe_step(k, seconds, tokens, len(out.outputs), prefill, draft_s=self._draft_s)
             return out
 
         return step

@@ -463,11 +463,13 @@ class ShardRunner:
         the next decisions at this concurrency, and when it measured plain against speculative
         steps, record what it kept as the decision of the call's rows (in each shard's manifest)."""
         b = self.concurrency(len(batch))
-        prompt_tokens = sum(len(r.token_ids) for _, r in batch) or 1
-        steps, prefill = rule.step_seconds(), rule.prefill_s / prompt_tokens
+        # Prefill costs are per prompt position for the whole batch (as measure_costs gives them,
+        # and as Policy.predict multiplies them by the mean prompt length), not per token.
+        positions = sum(len(r.token_ids) for _, r in batch) / max(len(batch), 1) or 1
+        steps, prefill, draft_prefill = rule.step_seconds(), rule.prefill_s / positions, rule.draft_prefill_s / positions
         if b in self.costs_by_batch:
-            self.costs_by_batch[b].learn_steps(steps, prefill)
-        elif (costs := Costs.from_steps(b, steps, prefill)) is not None:
+            self.costs_by_batch[b].learn_steps(steps, prefill, draft_prefill)
+        elif (costs := Costs.from_steps(b, steps, prefill, draft_prefill)) is not None:
             self.costs_by_batch[b] = costs
         self.policy.costs = self.costs_by_batch.get(b)
         if not rule.explored():
