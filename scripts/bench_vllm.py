@@ -4,6 +4,7 @@
     python scripts/bench_vllm.py --switch [--jobs demo]   # what switching speculation on/off per call costs
     python scripts/bench_vllm.py --engine-path [--jobs demo,mixed]   # batchspec's call vs bare, one process
     python scripts/bench_vllm.py --busy [--jobs demo]   # the same with one busy-looping process beside each run
+    python scripts/bench_vllm.py --jobs llama104m --llama-rows 256   # a longer job: fixed seconds amortize
 
 Per job and repetition, each configuration runs in its own process, in a fixed interleaved order:
 
@@ -134,10 +135,10 @@ class BusyNeighbour:
             self.proc.wait()
 
 
-def write_jobs(tmp: Path, which: list[str]) -> dict[str, Path]:
+def write_jobs(tmp: Path, which: list[str], llama_rows: int = 64) -> dict[str, Path]:
     """Job files: the demo job as shipped, the same with the EAGLE-3 demo draft, a 104M random
-    Llama with an ngram draft, and a mixed job (demo shards plus long-prompt shards of three
-    contracts each)."""
+    Llama with an ngram draft (llama_rows prompts in shards of 32), and a mixed job (demo shards
+    plus long-prompt shards of three contracts each)."""
     import yaml
 
     demo = yaml.safe_load((ROOT / "jobs/summarize_legal.yaml").read_text())
@@ -166,10 +167,10 @@ def write_jobs(tmp: Path, which: list[str]) -> dict[str, Path]:
 
         d = tmp / "llama-in"
         d.mkdir()
-        prompts = bench_prompts(64, 40)
-        for s in range(2):
-            pq.write_table(pa.table({"prompt": prompts[32 * s: 32 * s + 32], "doc_id": [f"r{32 * s + i}" for i in range(32)]}),
-                           d / f"prompts-{s:04d}.parquet")
+        prompts = bench_prompts(llama_rows, 40)
+        for s in range(0, llama_rows, 32):
+            pq.write_table(pa.table({"prompt": prompts[s: s + 32], "doc_id": [f"r{s + i}" for i in range(len(prompts[s: s + 32]))]}),
+                           d / f"prompts-{s // 32:04d}.parquet")
         jobs["llama104m"] = {"name": "llama104m", "input": {"path": str(d), "id_column": "doc_id"},
                              "output": {"path": str(tmp / "unused")},
                              "model": {"target": default_target(False), "draft": {"kind": "ngram"}},
@@ -311,6 +312,8 @@ def main() -> None:
     ap.add_argument("--plain-engine", action="store_true",
                     help="also run batchspec on vLLM with model.vllm_plain_engine (a second, plain engine for k=0)")
     ap.add_argument("--no-hf", action="store_true", help="leave out the hf backend runs")
+    ap.add_argument("--llama-rows", type=int, default=64,
+                    help="prompts of the llama104m job (default 64; more shows how Ray's fixed seconds amortize)")
     ap.add_argument("--out", default="bench-vllm.json")
     ap.add_argument("--switch", action="store_true", help="measure the cost of switching k per call instead")
     ap.add_argument("--busy", action="store_true",
@@ -326,14 +329,14 @@ def main() -> None:
     if args.engine_path:
         tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
         results = {}
-        for name, job in write_jobs(tmp, args.jobs.split(",")).items():
+        for name, job in write_jobs(tmp, args.jobs.split(","), args.llama_rows).items():
             print(name, flush=True)
             results[name] = engine_path(job, args.repeats)
         Path(args.out).write_text(json.dumps({"threads": os.cpu_count(), "engine_path": results}, indent=2))
         return
     if args.switch:
         tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
-        for name, job in write_jobs(tmp, args.jobs.split(",")).items():
+        for name, job in write_jobs(tmp, args.jobs.split(","), args.llama_rows).items():
             print(name)
             switch_cost(job)
         return
@@ -344,7 +347,7 @@ def main() -> None:
     configs = ["bare vLLM plain", "bare vLLM spec", "batchspec vllm auto"]
     configs += ["batchspec vllm auto+plain"] if args.plain_engine else []
     configs += [] if args.no_hf else ["batchspec hf auto"]
-    for name, job in write_jobs(tmp, args.jobs.split(",")).items():
+    for name, job in write_jobs(tmp, args.jobs.split(","), args.llama_rows).items():
         spec = load_spec(job)
         ids, prompt_ids = job_prompts(spec)
         runs: dict[str, list] = {}
