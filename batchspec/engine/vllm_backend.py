@@ -145,10 +145,11 @@ class VLLMBackend:
             self.skips_draft = self._wrap_drafter(core.engine_core)
 
     def _wrap_drafter(self, engine_core) -> bool:
-        """Wrap the in-process model runner's draft proposer so that a k = 0 decode step can skip it
-        and its time can be measured. Only proposers that run a draft model forward at k = 0 (vLLM's
-        SpecDecodeBaseProposer: draft_model, eagle, eagle3, mtp); False where there is none or the
-        runner is not reachable (another executor, another vLLM layout): then k = 0 runs as vLLM does."""
+        """Wrap the in-process model runner's draft proposer so that a k = 0 step (prefill or decode)
+        can skip it and its time can be measured. Only proposers that run a draft model forward at
+        k = 0 (vLLM's SpecDecodeBaseProposer: draft_model, eagle, eagle3, mtp); False where there is
+        none or the runner is not reachable (another executor, another vLLM layout): then k = 0 runs
+        as vLLM does."""
         import torch
 
         try:
