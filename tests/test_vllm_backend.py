@@ -7,7 +7,9 @@ missing vLLM is a failure under CI=true, a skip elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -204,6 +206,68 @@ def test_vllm_row_it_refuses_becomes_an_error_row(vllm_backend, demo_prompt_ids,
     outs, _ = vllm_backend.generate(rows, 48, stop=("\n",), draft_length=4)
     assert outs[1].error and outs[1].stats.finish_reason == "error"
     assert [outs[0].token_ids, outs[2].token_ids] == hf_reference[0][:2]
+
+
+class DeadlinePassed(BaseException):
+    """Not an Exception: the backend's retry (`except Exception`) must not swallow it."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: int):
+    """Fail instead of hanging: a wedged engine loops in Python, so SIGALRM interrupts it."""
+    def expire(*_):
+        raise DeadlinePassed(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_call_that_fails_mid_generation_is_retried_row_by_row_not_wedged(vllm_backend, demo_prompt_ids, hf_reference):
+    """An error inside vLLM's step fails the whole LLM.generate. Injected where vLLM's CPU sampler
+    really failed (seeded rows, "CPU Generator does not use offset"): in the bookkeeping after
+    sampling, once, on the call's third step. The call's requests must not stay in the engine:
+    they did, the retry scheduled them again and never ended. The rows are then generated one by
+    one, exactly."""
+    runner = vllm_backend.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    calls = []
+
+    def failing_once(*a, _bookkeeping=runner._bookkeeping_sync, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("injected failure in vLLM's sampler bookkeeping")
+        return _bookkeeping(*a, **kw)
+
+    runner._bookkeeping_sync = failing_once
+    try:
+        with deadline(240):
+            outs, _ = vllm_backend.generate(demo_prompt_ids[:12], 48, stop=("\n",), speculate=False)
+    finally:
+        del runner._bookkeeping_sync
+    assert len(calls) > 3 and all(o.error is None for o in outs), [o.error for o in outs]
+    assert [o.token_ids for o in outs] == hf_reference[0][:12]
+    assert vllm_backend.llm.llm_engine.get_num_unfinished_requests() == 0
+
+
+def test_seeded_sampling_on_cpu_beyond_one_steps_token_budget(vllm_backend, demo_prompt_ids, caplog):
+    """vLLM's CPU sampler fails a seeded request whose first token a chunked prefill discards
+    ("CPU Generator does not use offset"): 96 demo prompts (~8.6k tokens) exceed one step's
+    4096-token budget. On CPU the backend samples without per-row seeds, so the call runs whole
+    (not failed and retried row by row), and every row completes."""
+    from batchspec.engine.sampling import SamplingParams
+
+    assert not vllm_backend.row_seeds  # CPU
+    caplog.set_level("WARNING", logger="batchspec.engine")
+    with deadline(240):
+        outs, _ = vllm_backend.generate(demo_prompt_ids, 32, SamplingParams(temperature=0.8), stop=("\n",),
+                                        seeds=list(range(len(demo_prompt_ids))), speculate=True, draft_length=4)
+    assert all(o.error is None and o.token_ids for o in outs)
+    assert sum(o.stats.draft_tokens for o in outs) > 0 and sum(o.stats.accepted_tokens for o in outs) > 0
+    assert "retrying row by row" not in caplog.text and "per-row seeds are not applied" in caplog.text
 
 
 def test_vllm_costs_for_the_policy(vllm_backend, demo_prompt_ids):

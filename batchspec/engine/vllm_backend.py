@@ -125,6 +125,12 @@ class VLLMBackend:
         self.plain_llm = plain_llm  # model.vllm_plain_engine: serves the calls at k = 0
         self.draft_kind, self.target_source, self.draft_source = draft_kind, target_source, draft_source
         self.k_max = k_max
+        # vLLM on CPU fails a seeded sampling request whose sampled token a chunked prefill discards
+        # ("RuntimeError: CPU Generator does not use offset": it rewinds the generator's offset, which
+        # only CUDA generators have), i.e. any call whose prompts exceed one step's token budget.
+        # There rows are sampled from the engine's own seeded generator instead (docs/engine.md).
+        self.row_seeds = llm.llm_engine.vllm_config.device_config.device_type == "cuda"
+        self._warned_seeds = False
         self.max_context = int(llm.llm_engine.model_config.max_model_len)
         self.max_batch = int(llm.llm_engine.vllm_config.scheduler_config.max_num_seqs)
         self._scheduler = None
@@ -283,13 +289,20 @@ class VLLMBackend:
         k = self.set_k(k if speculate else 0)
         plain = k == 0 and rule is None
         caps = max_new_per_row or [max_new_tokens] * len(prompt_ids)
+        if seeds and not self.row_seeds and not sampling.greedy:
+            if not self._warned_seeds:
+                log.warning("vllm on CPU: per-row seeds are not applied (vLLM's CPU sampler cannot rewind a "
+                            "seeded generator); rows are sampled from the engine's seeded generator")
+                self._warned_seeds = True
+            seeds = None
         params = [self._params(sampling, stop, cap, seeds[i] if seeds else None) for i, cap in enumerate(caps)]
         self._rule = rule
         self._skip_draft = plain and self.plain_llm is None and self.skips_draft
         try:
             outs = self._run(prompt_ids, params, plain=plain)
         except Exception as e:  # one row vLLM refuses must not cost the others: retry one by one
-            log.warning("vllm call over %d rows failed (%s); retrying row by row", len(prompt_ids), type(e).__name__)
+            log.warning("vllm call over %d rows failed (%s: %s); retrying row by row", len(prompt_ids),
+                        type(e).__name__, (str(e).splitlines() or [""])[0][:200])
             self._rule = None  # one-row calls would only mislead the rule
             outs = []
             for ids, p in zip(prompt_ids, params):
@@ -310,9 +323,16 @@ class VLLMBackend:
         return completions, BatchResult([], rounds)
 
     def _run(self, prompt_ids, params, plain: bool = False):
-        """One LLM.generate; the plain engine (when there is one) for calls at k = 0."""
+        """One LLM.generate; the plain engine (when there is one) for calls at k = 0. A call that fails
+        has its requests aborted before the error goes on: left in the engine, they were scheduled
+        again by the next call, which then never ended (the row-by-row retry spun forever)."""
         llm = self.plain_llm if plain and self.plain_llm is not None else self.llm
-        return llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+        try:
+            return llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+        except Exception:
+            engine = llm.llm_engine
+            engine.abort_request(list(engine.output_processor.request_states), internal=True)
+            raise
 
     @staticmethod
     def _params(sampling: SamplingParams, stop: tuple[str, ...], max_tokens: int, seed: int | None, **extra):
