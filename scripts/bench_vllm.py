@@ -169,7 +169,8 @@ def write_jobs(tmp: Path, which: list[str], llama_rows: int = 64) -> dict[str, P
         d.mkdir()
         prompts = bench_prompts(llama_rows, 40)
         for s in range(0, llama_rows, 32):
-            pq.write_table(pa.table({"prompt": prompts[s: s + 32], "doc_id": [f"r{s + i}" for i in range(len(prompts[s: s + 32]))]}),
+            shard = prompts[s: s + 32]
+            pq.write_table(pa.table({"prompt": shard, "doc_id": [f"r{s + i}" for i in range(len(shard))]}),
                            d / f"prompts-{s // 32:04d}.parquet")
         jobs["llama104m"] = {"name": "llama104m", "input": {"path": str(d), "id_column": "doc_id"},
                              "output": {"path": str(tmp / "unused")},

@@ -114,6 +114,11 @@ def _engine(LLM, args: dict, spec_model):
         raise ModelLoadError(f"vLLM cannot serve {spec_model.target}{draft}: {type(e).__name__}: {first[:400]}") from e
 
 
+def _error_line(e: Exception) -> str:
+    """'Type: first line of the message', at most 200 characters of it (an empty message too)."""
+    return f"{type(e).__name__}: {next(iter(str(e).splitlines()), '')[:200]}"
+
+
 class VLLMBackend:
     name = "vllm"
     rows_per_call = 0  # 0: a whole shard per call (vLLM schedules it); probes use the runner's batch
@@ -209,7 +214,8 @@ class VLLMBackend:
             if rule is None:
                 return get_output()
             k = self.set_k(rule.next_k())
-            settled = getattr(rule, "settled", True)
+            # A rule that does not say it has settled may still raise k: its draft keeps running.
+            settled = getattr(rule, "settled", False)
             # Plain to the call's end: the draft's cache is not needed again (module docstring).
             self._skip_draft = self.skips_draft and k == 0 and settled
             # A step prefills when it admits waiting prompts or continues a chunked prefill.
@@ -301,15 +307,14 @@ class VLLMBackend:
         try:
             outs = self._run(prompt_ids, params, plain=plain)
         except Exception as e:  # one row vLLM refuses must not cost the others: retry one by one
-            log.warning("vllm call over %d rows failed (%s: %s); retrying row by row", len(prompt_ids),
-                        type(e).__name__, (str(e).splitlines() or [""])[0][:200])
+            log.warning("vllm call over %d rows failed (%s); retrying row by row", len(prompt_ids), _error_line(e))
             self._rule = None  # one-row calls would only mislead the rule
             outs = []
             for ids, p in zip(prompt_ids, params):
                 try:
                     outs.extend(self._run([ids], [p], plain=plain))
                 except Exception as row_error:
-                    outs.append(f"{type(row_error).__name__}: {str(row_error).splitlines()[0][:200]}")
+                    outs.append(_error_line(row_error))
         finally:
             self._rule, self._skip_draft, self._time_draft = None, False, False
             if self._skipped:  # no request runs now, so the reset succeeds (module docstring)
