@@ -11,6 +11,8 @@ from typing import List, Optional
 
 import typer
 
+from .errors import error_line
+
 app = typer.Typer(
     help="Offline batch LLM generation over Parquet shards, with per-shard speculative decoding.\n\n"
     "Example: batchspec submit jobs/summarize_legal.yaml --set generation.max_new_tokens=64",
@@ -123,8 +125,7 @@ def _guard(fn, output: str):
         if output.startswith("s3://"):
             hint = ("; for an S3-compatible store pass --storage-option endpoint_url=http://HOST:PORT, "
                     "or give the job file instead of the output path")
-        first = str(e).splitlines()[0] if str(e) else ""
-        _die(f"cannot read {output}: {type(e).__name__}: {first}{hint}")
+        _die(f"cannot read {output}: {error_line(e)}{hint}")
 
 
 def _output_of(target: str, storage_option: list[str]) -> tuple[str, dict]:

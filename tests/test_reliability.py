@@ -162,3 +162,14 @@ def test_s3_transient_and_persistent_faults(models_dir, ray_session, s3):
     finally:
         proxy.stop()
 
+
+
+def test_an_error_is_shown_and_stored_as_one_line():
+    """Manifests, error rows, the CLI and log events carry `error_line`: botocore, pyarrow and jinja
+    put details on later lines, which broke one-line errors (and `batchspec status` tables)."""
+    from batchspec.errors import error_line
+
+    assert error_line(ValueError("bad input\n  details on line 2")) == "ValueError: bad input"
+    assert error_line(OSError("\n   first real line\nmore")) == "OSError: first real line"
+    assert error_line(RuntimeError("")) == "RuntimeError"
+    assert error_line(RuntimeError("x" * 1000), limit=10) == "RuntimeError: " + "x" * 10

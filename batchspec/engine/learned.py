@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..errors import error_line
 from . import cache as kv
 from .drafts import Proposal, fit_vocab
 from .models import ModelLoadError, resolve_model_path
@@ -425,7 +426,7 @@ def _local_dir(source: str, storage_options: dict | None) -> Path:
 
         return Path(snapshot_download(source))
     except Exception as e:
-        raise ModelLoadError(f"could not fetch draft {source!r}: {type(e).__name__}: {e}") from e
+        raise ModelLoadError(f"could not fetch draft {source!r}: {error_line(e)}") from e
 
 
 def _state_dict(folder: Path, stems: tuple[str, ...]) -> dict:

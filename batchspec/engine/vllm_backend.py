@@ -41,6 +41,7 @@ import logging
 import os
 import time
 
+from ..errors import error_line
 from .engine import Completion
 from .generate import BatchResult, RoundTiming, RowStats
 from .models import encode_prompts
@@ -165,11 +166,6 @@ def repair_speculative_sampling() -> list[str]:
         rejection_sampler.apply_top_k_top_p = guarded
         repaired.append("apply_top_k_top_p (a step without draft tokens)")
     return repaired
-
-
-def _error_line(e: Exception) -> str:
-    """'Type: first line of the message', at most 200 characters of it (an empty message too)."""
-    return f"{type(e).__name__}: {next(iter(str(e).splitlines()), '')[:200]}"
 
 
 class VLLMBackend:
@@ -363,14 +359,14 @@ class VLLMBackend:
         try:
             outs = self._run(prompt_ids, params, plain=plain)
         except Exception as e:  # one row vLLM refuses must not cost the others: retry one by one
-            log.warning("vllm call over %d rows failed (%s); retrying row by row", len(prompt_ids), _error_line(e))
+            log.warning("vllm call over %d rows failed (%s); retrying row by row", len(prompt_ids), error_line(e))
             self._rule = None  # one-row calls would only mislead the rule
             outs = []
             for ids, p in zip(prompt_ids, params):
                 try:
                     outs.extend(self._run([ids], [p], plain=plain))
                 except Exception as row_error:
-                    outs.append(_error_line(row_error))
+                    outs.append(error_line(row_error))
         finally:
             self._rule, self._skip_draft, self._time_draft = None, False, False
             if self._skipped:  # no request runs now, so the reset succeeds (module docstring)

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..errors import error_line
 from ..spec import JobSpec
 from .lease import Lease, LeaseHeld
 from .logs import log_event
@@ -87,7 +88,7 @@ def prepare(spec: JobSpec, force: bool = False) -> tuple[OutputStore, list[Shard
         manifests = store.manifests()
         job = store.read_job()
     except Exception as e:  # the probe wrote, but reading failed: permissions, a broken job.json
-        raise JobRefused(f"cannot read the output {spec.output.path}: {type(e).__name__}: {e}") from e
+        raise JobRefused(f"cannot read the output {spec.output.path}: {error_line(e)}") from e
     if job and not force:
         if job.get("spec_hash") != spec.output_hash():
             raise JobRefused(

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 import fsspec
 import pyarrow.parquet as pq
 
+from ..errors import error_line
 from .store import safe_name
 
 
@@ -63,7 +64,7 @@ def list_input_files(path: str, storage_options: dict | None = None) -> tuple[fs
     except PlanError:
         raise
     except Exception as e:  # permission, endpoint unreachable, ...
-        raise PlanError(f"cannot list input {path}: {type(e).__name__}: {e}") from e
+        raise PlanError(f"cannot list input {path}: {error_line(e)}") from e
     files = sorted(f for f in files if not posixpath.basename(f).startswith(("_", ".")))
     if not files:
         raise PlanError(f"no Parquet files under {path}")
@@ -102,7 +103,7 @@ def plan_shards(path: str, storage_options: dict | None = None, max_rows_per_sha
             with fs.open(f, "rb") as fh:
                 meta = pq.ParquetFile(fh).metadata
         except Exception as e:  # corrupt or truncated file: this shard fails alone, the plan goes on
-            shards.append(Shard(stem, url, 0, -1, fp, plan_error=f"unreadable Parquet file: {type(e).__name__}: {e}"))
+            shards.append(Shard(stem, url, 0, -1, fp, plan_error=f"unreadable Parquet file: {error_line(e)}"))
             continue
         for i, (start, end) in enumerate(_slices(meta, max_rows_per_shard)):
             sid = stem if end - start == meta.num_rows else f"{stem}-r{i}"

@@ -27,6 +27,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..errors import error_line
 SCHEMA_VERSION = 1
 
 # Output row, schema v1 (also schemas/output-v1.schema.json; a test keeps both in sync).
@@ -116,7 +117,7 @@ class OutputStore:
             self.fs.pipe_file(probe, b"")
             self.fs.rm(probe)
         except Exception as e:
-            return f"output {self.url} is not writable: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            return f"output {self.url} is not writable: {error_line(e)}"
         return None
 
     # writes ----------------------------------------------------------------------------------

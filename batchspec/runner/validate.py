@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import error_line
 from ..spec import JobSpec
 from .plan import PlanError, Shard, plan_shards
 
@@ -90,7 +91,7 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
         except JobRefused as e:
             v.problems.append(str(e))
         except Exception as e:  # output store unreachable
-            v.problems.append(f"output {spec.output.path}: {type(e).__name__}: {e}")
+            v.problems.append(f"output {spec.output.path}: {error_line(e)}")
     return v
 
 
@@ -175,7 +176,7 @@ def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None =
 
 
 def _unresolved(role: str, source: str, e: Exception) -> str:
-    return f"{role} model {source!r} cannot be resolved: {type(e).__name__}: {str(e).splitlines()[0]}"
+    return f"{role} model {source!r} cannot be resolved: {error_line(e)}"
 
 
 def local_model_problems(spec: JobSpec) -> list[str] | None:

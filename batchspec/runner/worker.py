@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..errors import error_line
 from ..policy import Costs, CostModelK, Decision, LengthProfile, Policy, StepArms
 from ..rates import acceptance_rate
 from ..spec import JobSpec
@@ -99,7 +100,7 @@ def read_shard(shard: Shard, spec: JobSpec) -> pa.Table:
     except ShardReadError:
         raise
     except Exception as e:
-        raise ShardReadError(f"{shard.path}: cannot read Parquet: {type(e).__name__}: {e}") from e
+        raise ShardReadError(f"{shard.path}: cannot read Parquet: {error_line(e)}") from e
     if groups:
         table = table.slice(shard.row_start - first_row, shard.rows)
     return table
@@ -174,7 +175,7 @@ def _prompt_of(rec: dict, spec: JobSpec, tokenizer) -> tuple[str | None, str | N
         try:
             value = tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=True)
         except Exception as e:
-            return None, f"chat template failed: {type(e).__name__}: {e}"
+            return None, f"chat template failed: {error_line(e)}"
     elif isinstance(value, bytes):
         try:
             value = value.decode("utf-8")
@@ -302,7 +303,7 @@ class ShardRunner:
         return [out[s.shard] for s in shards]
 
     def _failed(self, shard: Shard, e: Exception) -> dict:
-        error = f"{type(e).__name__}: {e}"
+        error = error_line(e)
         log_event(log, f"shard failed: {error}", logging.ERROR, job=self.job_id, shard=shard.shard)
         manifest = {"shard": shard.shard, "job_id": self.job_id, "status": "failed", "error": error,
                     "input": shard.fingerprint, "worker": self.worker, "finished_at": now_iso()}
@@ -492,7 +493,7 @@ class ShardRunner:
             part = self.store.write_part(shard.shard, pa.Table.from_pylist(rows_out, schema=OUTPUT_SCHEMA))
         except Exception as e:
             raise RuntimeError(f"cannot write {self.store.url}/{self.store.part_name(shard.shard)}: "
-                               f"{type(e).__name__}: {e}") from e
+                               f"{error_line(e)}") from e
         t_write = time.perf_counter() - t1
         tokens = {key: sum(r[key] for r in rows_out) for key in
                   ("prompt_tokens", "completion_tokens", "draft_tokens", "accepted_tokens", "spec_rounds")}

@@ -1,0 +1,15 @@
+"""One line for an exception wherever batchspec shows or stores one: row errors, shard errors in
+manifests, the CLI's messages, log events.
+
+pyarrow, botocore and jinja put details on later lines of their messages, and a multi-line error
+breaks a manifest's one-line `error`, a `batchspec status` table and a log line a pipeline greps.
+"""
+
+from __future__ import annotations
+
+
+def error_line(e: BaseException, limit: int = 300) -> str:
+    """'Type: first non-empty line of the message' (at most `limit` characters of it); the type
+    alone when the message is empty, e.g. 'KeyboardInterrupt'."""
+    first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    return f"{type(e).__name__}: {first[:limit]}" if first else type(e).__name__
