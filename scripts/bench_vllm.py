@@ -83,7 +83,7 @@ def bare(spec, prompt_ids, speculative: bool) -> dict:
     from batchspec.engine.vllm_backend import engine_args
 
     k = spec.speculation.num_speculative_tokens
-    args = engine_args(spec.model, k, on_gpu=False)
+    args = engine_args(spec.model, k, on_gpu=False, sampled=spec.generation.temperature > 0)
     args.pop("per_request_spec_decode_metrics", None)
     if speculative and args["speculative_config"]:
         args["speculative_config"].pop("num_speculative_tokens_per_batch_size")

@@ -270,6 +270,33 @@ def test_seeded_sampling_on_cpu_beyond_one_steps_token_budget(vllm_backend, demo
     assert "retrying row by row" not in caplog.text and "per-row seeds are not applied" in caplog.text
 
 
+def test_a_sampled_jobs_engine_on_cpu_applies_per_row_seeds(demo_prompt_ids, caplog):
+    """A sampled job's engine schedules prompts whole on CPU, so vLLM's seeded sampling works there:
+    no warning, and a seeded row comes out the same alone as in a call over 104 rows (~8.7k prompt
+    tokens, past one step's 4096-token budget, where a chunked prefill failed seeded rows)."""
+    from batchspec.engine.backend import load_backend
+    from batchspec.engine.sampling import SamplingParams
+
+    _require_vllm()
+    spec = load_spec(DEMO_JOB, [f"model.target={ROOT / 'models/legal-target'}",
+                                f"model.draft.path={ROOT / 'models/legal-draft'}"])
+    backend = load_backend("vllm", spec.model, k_default=4, sampled=True)
+    assert backend.row_seeds
+    caplog.set_level("WARNING", logger="batchspec.engine")
+    unsure = [344, 1069, 233, 1285, 928, 1109, 1382, 853, 257, 1188]  # the demo target samples freely after it
+    rows, seeds = demo_prompt_ids + [unsure] * 8, list(range(len(demo_prompt_ids) + 8))
+    params = SamplingParams(temperature=1.5)
+    with deadline(240):
+        full, _ = backend.generate(rows, 16, params, seeds=seeds, speculate=True, draft_length=4)
+        alone, _ = backend.generate(rows[-8:], 16, params, seeds=seeds[-8:], speculate=True, draft_length=4)
+        other, _ = backend.generate([unsure], 16, params, seeds=[12345], speculate=True, draft_length=4)
+    assert all(o.error is None for o in full + alone)
+    assert [o.token_ids for o in alone] == [o.token_ids for o in full[-8:]]
+    assert len({tuple(o.token_ids) for o in full[-8:]}) > 1  # the seeds differ, so do the rows
+    assert other[0].token_ids not in [o.token_ids for o in full[-8:]]
+    assert "per-row seeds are not applied" not in caplog.text and "retrying row by row" not in caplog.text
+
+
 @pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (8, 1.0), (0, 0.8)])
 def test_sampled_speculation_on_vllm_follows_the_target(vllm_backend, top_k, top_p):
     """Tokens that went through vLLM's rejection sampler (the 2nd and 3rd of each row; the 1st is

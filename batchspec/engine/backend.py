@@ -83,12 +83,14 @@ def backend_for(spec) -> tuple[str, str]:
     return choose_backend(spec.model.backend, spec.model.draft.kind, gpu=spec.resources.gpus_per_actor > 0)
 
 
-def load_backend(name: str, spec_model, k_default: int = 4):
-    """Build the named backend from a spec.ModelSpec (weights are loaded here, once per actor)."""
+def load_backend(name: str, spec_model, k_default: int = 4, sampled: bool = False):
+    """Build the named backend from a spec.ModelSpec (weights are loaded here, once per actor).
+    sampled: the job samples (temperature > 0); the vllm backend on CPU then schedules prompts
+    whole, so per-row seeds work (vllm_backend.engine_args)."""
     if name == "vllm":
         from .vllm_backend import VLLMBackend
 
-        return VLLMBackend.load(spec_model, k_default)
+        return VLLMBackend.load(spec_model, k_default, sampled)
     from .engine import DraftSpec, Engine
 
     d = spec_model.draft

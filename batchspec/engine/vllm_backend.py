@@ -71,8 +71,9 @@ def speculative_config(draft_kind: str, draft_path: str | None, max_ngram: int, 
     return cfg
 
 
-def engine_args(spec_model, k_max: int, on_gpu: bool) -> dict:
-    """vllm.LLM keyword arguments for a spec.ModelSpec (local paths already resolved)."""
+def engine_args(spec_model, k_max: int, on_gpu: bool, sampled: bool = False) -> dict:
+    """vllm.LLM keyword arguments for a spec.ModelSpec (local paths already resolved). sampled: the
+    job samples (temperature > 0)."""
     from .models import resolve_model_path
 
     so = spec_model.storage_options
@@ -97,6 +98,11 @@ def engine_args(spec_model, k_max: int, on_gpu: bool) -> dict:
         args["kv_cache_memory_bytes"] = 2 << 30
     if args["speculative_config"] is not None:
         args["per_request_spec_decode_metrics"] = "summary"
+    if sampled and not on_gpu:
+        # vLLM's CPU sampler fails a seeded request whose sampled token a chunked prefill discards
+        # (VLLMBackend.row_seeds); scheduled whole, prompts never are. Greedy jobs keep chunking.
+        # Demo and mixed jobs, 3 calls x 2 processes each: 0.66-0.90 s per call either way.
+        args["enable_chunked_prefill"] = False
     args.update(spec_model.vllm_args)
     return args
 
@@ -182,8 +188,12 @@ class VLLMBackend:
         # vLLM on CPU fails a seeded sampling request whose sampled token a chunked prefill discards
         # ("RuntimeError: CPU Generator does not use offset": it rewinds the generator's offset, which
         # only CUDA generators have), i.e. any call whose prompts exceed one step's token budget.
-        # There rows are sampled from the engine's own seeded generator instead (docs/engine.md).
-        self.row_seeds = llm.llm_engine.vllm_config.device_config.device_type == "cuda"
+        # A sampled job's engine does not chunk prompts on CPU (engine_args); where one still does
+        # (vllm_args: {enable_chunked_prefill: true}), rows are sampled from the engine's own seeded
+        # generator instead (docs/engine.md).
+        config = llm.llm_engine.vllm_config
+        self.row_seeds = (config.device_config.device_type == "cuda"
+                          or not config.scheduler_config.enable_chunked_prefill)
         self._warned_seeds = False
         self.max_context = int(llm.llm_engine.model_config.max_model_len)
         self.max_batch = int(llm.llm_engine.vllm_config.scheduler_config.max_num_seqs)
@@ -284,7 +294,7 @@ class VLLMBackend:
         return step
 
     @classmethod
-    def load(cls, spec_model, k_default: int = 4) -> "VLLMBackend":
+    def load(cls, spec_model, k_default: int = 4, sampled: bool = False) -> "VLLMBackend":
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         import torch
         from transformers import AutoTokenizer
@@ -294,7 +304,7 @@ class VLLMBackend:
         # Learned drafts have a fixed number of heads/steps; the others can go up to 8 (policy k_max).
         k_max = k_default if d.kind in ("medusa", "mtp", "eagle", "eagle3") else max(8, k_default)
         on_gpu = spec_model.device.startswith("cuda") or (spec_model.device == "auto" and torch.cuda.is_available())
-        args = engine_args(spec_model, k_max, on_gpu)
+        args = engine_args(spec_model, k_max, on_gpu, sampled)
         plain = None
         if spec_model.vllm_plain_engine and args["speculative_config"] is not None:
             # Started first: an engine started in a process where an ngram engine already runs fails in
@@ -350,7 +360,8 @@ class VLLMBackend:
         if seeds and not self.row_seeds and not sampling.greedy:
             if not self._warned_seeds:
                 log.warning("vllm on CPU: per-row seeds are not applied (vLLM's CPU sampler cannot rewind a "
-                            "seeded generator); rows are sampled from the engine's seeded generator")
+                            "seeded generator after a chunked prefill, and this engine chunks prompts); rows are "
+                            "sampled from the engine's seeded generator")
                 self._warned_seeds = True
             seeds = None
         params = [self._params(sampling, stop, cap, seeds[i] if seeds else None) for i, cap in enumerate(caps)]

@@ -205,7 +205,8 @@ class ShardRunner:
         m = spec.model
         if engine is None:
             backend = backend or backend_for(spec)[0]
-            engine = load_backend(backend, m, k_default=spec.speculation.num_speculative_tokens)
+            engine = load_backend(backend, m, k_default=spec.speculation.num_speculative_tokens,
+                                  sampled=spec.generation.temperature > 0)
         self.engine = engine  # a backend: engine.Engine (hf) or vllm_backend.VLLMBackend
         self.store = OutputStore(spec.output.path, spec.output.storage_options)
         sp = spec.speculation
