@@ -185,6 +185,14 @@ def test_incompatible_draft_vocabulary_is_refused(models_dir, tmp_path):
         Engine.load(str(models_dir / "llama-target"), DraftSpec(kind="model", path=str(other)))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_on_a_machine_without_one_is_a_clear_error(models_dir):
+    """vLLM took device: cuda on a CPU machine for a GPU and filled its memory (the actor was killed
+    and restarted until the job was stopped); hf failed with torch's bare AssertionError."""
+    with pytest.raises(ModelLoadError, match="model.device is 'cuda', but this process sees no CUDA device"):
+        Engine.load(str(models_dir / "llama-target"), DraftSpec(kind="none"), device="cuda")
+
+
 def test_missing_model_directory_is_a_clear_error(tmp_path):
     with pytest.raises(ModelLoadError, match="does not exist"):
         Engine.load(str(tmp_path / "nope"), DraftSpec(kind="none"))

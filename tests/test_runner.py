@@ -108,6 +108,26 @@ def test_rerun_with_changed_spec_is_refused_unless_forced(models_dir, ray_sessio
     assert max(part.column("completion_tokens").to_pylist()) <= 5
 
 
+def test_a_changed_spec_is_taken_where_nothing_was_committed(models_dir, tmp_path):
+    """Every shard of a run failed (here: the job record of a run that committed nothing, as when
+    `model.device: cuda` found no GPU): the fixed spec runs without --force. With one committed
+    shard the same change is refused, since the output would mix two specs."""
+    from batchspec.runner.job import prepare
+
+    write_prompt_shards(local_writer(tmp_path / "in"), 2, 3)
+    spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"))
+    store = OutputStore(str(tmp_path / "out"))
+    store.write_job({"name": "t", "spec_hash": "0" * 64, "runs": [{"job_id": "old", "status": "failed"}]})
+    store.write_manifest("prompts-0000", {"shard": "prompts-0000", "status": "failed", "error": "model could not be loaded"})
+    _, _, todo, _ = prepare(spec)
+    assert [s.shard for s in todo] == ["prompts-0000", "prompts-0001"]
+    store.write_part("prompts-0001", pa.table({"id": ["x"]}))
+    store.write_manifest("prompts-0001", {"shard": "prompts-0001", "status": "done", "part": store.part_name("prompts-0001"),
+                                          "rows_out": 3})
+    with pytest.raises(JobRefused, match="different spec"):
+        prepare(spec)
+
+
 def test_changed_input_of_a_done_shard_is_refused(models_dir, ray_session, tmp_path):
     write = local_writer(tmp_path / "in")
     write_prompt_shards(write, 2, 3)

@@ -41,8 +41,15 @@ def cache_root() -> Path:
 
 
 def resolve_device(device: str = "auto") -> torch.device:
+    """auto: CUDA when this process sees a GPU, else CPU. An explicit cuda this process cannot see
+    is a ModelLoadError: vLLM took `device: cuda` on a CPU machine for a GPU and reserved 21 of its
+    24 GiB for KV cache, and the actor was killed and restarted until someone stopped the job."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(f"model.device is {device!r}, but this process sees no CUDA device "
+                             f"(torch {torch.__version__}): use model.device: auto or cpu here, or give the "
+                             "actors GPUs (resources.gpus_per_actor: 1) on a machine that has them")
     return torch.device(device)
 
 

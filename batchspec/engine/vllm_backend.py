@@ -44,7 +44,7 @@ import time
 from ..errors import error_line
 from .engine import Completion
 from .generate import BatchResult, RoundTiming, RowStats
-from .models import encode_prompts
+from .models import encode_prompts, resolve_device
 from .sampling import SamplingParams
 
 log = logging.getLogger("batchspec.engine")
@@ -303,7 +303,7 @@ class VLLMBackend:
         d = spec_model.draft
         # Learned drafts have a fixed number of heads/steps; the others can go up to 8 (policy k_max).
         k_max = k_default if d.kind in ("medusa", "mtp", "eagle", "eagle3") else max(8, k_default)
-        on_gpu = spec_model.device.startswith("cuda") or (spec_model.device == "auto" and torch.cuda.is_available())
+        on_gpu = resolve_device(spec_model.device).type == "cuda"
         args = engine_args(spec_model, k_max, on_gpu, sampled)
         plain = None
         if spec_model.vllm_plain_engine and args["speculative_config"] is not None:
