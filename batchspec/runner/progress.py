@@ -60,7 +60,10 @@ class Progress:
         acc = f"{accepted:.2f}" if accepted is not None else "-"
         stats = f"rows {self.rows}  {rate:.0f} tok/s  acceptance {acc}  failed {self.failed}"
         state = m.get("status")
-        line = f"shard {m['shard']}: {state}" + (f" ({m.get('error')})" if state != "done" else "") + f" | {stats}"
+        # The shard's own rows, then the job's totals so far (a shard of 24 rows read "rows 96" when
+        # the totals stood alone).
+        own = f", {m.get('rows_out') or 0} rows" if state == "done" else f" ({m.get('error')})"
+        line = f"shard {m['shard']}: {state}{own} | so far: {stats}"
         if self._bar is not None:
             self._bar.update(self._task, advance=1, stats=stats)
             if state != "done":  # the reason, above the bar: this display is where failures are told
