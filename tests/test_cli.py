@@ -100,7 +100,7 @@ def interrupt_when(job: Path, tmp_path, *markers: str) -> tuple[int, str]:
 
 def test_ctrl_c_records_the_run_and_says_how_to_continue(models_dir, tmp_path):
     job = write_job(models_dir, tmp_path, shards=12, rows=40, max_new=128)
-    code, text = interrupt_when(job, tmp_path, "done |")
+    code, text = interrupt_when(job, tmp_path, " rows | so far: ")
     assert code == 130
     assert "interrupted:" in text and f"`batchspec rerun {job}` runs only those" in text
     record = json.loads((tmp_path / "job-out" / "_batchspec" / "job.json").read_text())
@@ -125,7 +125,7 @@ def test_a_second_ctrl_c_while_an_interrupted_job_stops_ray_is_ignored(models_di
     """The run is recorded before the "interrupted:" line; a user pressing Ctrl-C again while Ray
     shuts down must get exit 130 and no traceback, not Python's atexit complaint."""
     job = write_job(models_dir, tmp_path, name="twice", shards=12, rows=40, max_new=128)
-    code, text = interrupt_when(job, tmp_path, "done |", "interrupted: ")
+    code, text = interrupt_when(job, tmp_path, " rows | so far: ", "interrupted: ")
     assert code == 130 and "interrupted: " in text
     assert "Traceback" not in text and "Exception ignored" not in text, text
     record = json.loads((tmp_path / "twice-out" / "_batchspec" / "job.json").read_text())
