@@ -191,6 +191,43 @@ def test_vllm_greedy_equals_hf_plain_and_speculative(vllm_backend, demo_prompt_i
             assert result.rounds == []
 
 
+S3_LOAD = r"""
+import json, sys
+from batchspec.engine.backend import load_backend
+from batchspec.spec import load_spec
+spec = load_spec(sys.argv[1], json.loads(sys.argv[2]))
+backend = load_backend("vllm", spec.model, k_default=4)
+outs, _ = backend.generate(json.loads(sys.argv[3]), 48, stop=("\n",), draft_length=4)
+print("RESULT" + json.dumps({"ids": [o.token_ids for o in outs], "drafted": sum(o.stats.draft_tokens for o in outs),
+                             "model": backend.llm.llm_engine.model_config.model}))
+"""
+
+
+def test_vllm_loads_target_and_draft_from_s3(s3, tmp_path, demo_prompt_ids, hf_reference):
+    """s3:// prefixes for the target and the draft (a real S3 endpoint, moto): fetched into the cache,
+    handed to vLLM as local checkpoints, rows equal to the hf reference. In a process of its own, as
+    an actor is: vLLM's CPU kernel registration scans every module and fails on Flask's proxies,
+    which the in-process moto server has imported here."""
+    import json
+    import subprocess
+    import sys
+
+    _require_vllm()
+    opts, fs, bucket = s3
+    for name in ("legal-target", "legal-draft"):
+        fs.put(str(ROOT / "models" / name), f"{bucket}/models/{name}", recursive=True)
+    sets = [f"model.target={bucket}/models/legal-target", f"model.draft.path={bucket}/models/legal-draft",
+            f"model.storage_options={json.dumps(opts)}"]
+    run = subprocess.run([sys.executable, "-c", S3_LOAD, str(DEMO_JOB), json.dumps(sets), json.dumps(demo_prompt_ids[:8])],
+                         capture_output=True, text=True, env={**os.environ, "BATCHSPEC_CACHE": str(tmp_path / "cache")},
+                         timeout=300)
+    line = [x for x in run.stdout.splitlines() if x.startswith("RESULT")]
+    assert line, run.stderr[-3000:]
+    res = json.loads(line[0][6:])
+    assert res["ids"] == hf_reference[0][:8] and res["drafted"] > 0
+    assert res["model"].startswith(str(tmp_path / "cache"))  # vLLM read the fetched copy
+
+
 def test_vllm_k_is_switched_per_call(vllm_backend, demo_prompt_ids, hf_reference):
     outs, _ = vllm_backend.generate(demo_prompt_ids[:8], 48, stop=("\n",), draft_length=2)
     assert all(o.stats.draft_tokens <= 2 * o.stats.spec_rounds for o in outs)
