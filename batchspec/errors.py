@@ -8,8 +8,10 @@ breaks a manifest's one-line `error`, a `batchspec status` table and a log line 
 from __future__ import annotations
 
 
-def error_line(e: BaseException, limit: int = 300) -> str:
+def error_line(e: BaseException, limit: int = 300, message: str | None = None) -> str:
     """'Type: first non-empty line of the message' (at most `limit` characters of it); the type
-    alone when the message is empty, e.g. 'KeyboardInterrupt'."""
-    first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    alone when the message is empty, e.g. 'KeyboardInterrupt'. message: the text to take the line
+    from instead of str(e) (e.g. pydantic's validator message)."""
+    text = str(e) if message is None else message
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     return f"{type(e).__name__}: {first[:limit]}" if first else type(e).__name__

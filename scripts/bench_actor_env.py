@@ -24,12 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def demo_prompt_ids() -> list[list[int]]:
-    import pyarrow.parquet as pq
-    from transformers import AutoTokenizer
+    """The demo job's prompts, built as the runner builds them (bench_vllm.job_prompts)."""
+    from bench_vllm import job_prompts
 
-    tok = AutoTokenizer.from_pretrained(ROOT / "models/legal-target")
-    rows = pq.read_table(ROOT / "jobs/data/legal").to_pylist()
-    return tok([f"Summarize the contract.\n{r['contract']}\nSummary:" for r in rows])["input_ids"]
+    from batchspec.spec import load_spec
+
+    spec = load_spec(ROOT / "jobs/summarize_legal.yaml", [f"model.target={ROOT / 'models/legal-target'}",
+                                                           f"input.path={ROOT / 'jobs/data/legal'}"])
+    return job_prompts(spec)[1]
 
 
 def timed_calls(ids: list[list[int]], calls: int) -> dict:

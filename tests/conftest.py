@@ -68,18 +68,51 @@ def s3_endpoint():
     server.stop()
 
 
-@pytest.fixture()
-def s3(s3_endpoint):
-    """(storage_options, fs, bucket URL) with a fresh bucket per test."""
+def _new_bucket(endpoint: str):
+    """(storage_options, fs, bucket URL): a fresh bucket on the S3 endpoint."""
     import uuid
 
     import s3fs
 
-    opts = {"endpoint_url": s3_endpoint, "key": "testing", "secret": "testing"}
+    opts = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
     fs = s3fs.S3FileSystem(**opts)
     bucket = f"bs-{uuid.uuid4().hex[:10]}"
     fs.mkdir(bucket)
     return opts, fs, f"s3://{bucket}"
+
+
+@pytest.fixture()
+def s3(s3_endpoint):
+    """(storage_options, fs, bucket URL) with a fresh bucket per test."""
+    return _new_bucket(s3_endpoint)
+
+
+@pytest.fixture()
+def s3_apart():
+    """As s3, on a moto server in a process of its own. The s3 fixture runs moto in this process,
+    which imports Flask; after that every vLLM engine started here fails (its CPU kernel
+    registration scans every module's globals with hasattr and trips on Flask's context proxies:
+    "Working outside of application context"). For the vllm backend's tests."""
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    port = _free_port()
+    server = subprocess.Popen([shutil.which("moto_server") or "moto_server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield _new_bucket(f"http://127.0.0.1:{port}")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")

@@ -163,7 +163,6 @@ def test_s3_transient_and_persistent_faults(models_dir, ray_session, s3):
         proxy.stop()
 
 
-
 def test_an_error_is_shown_and_stored_as_one_line():
     """Manifests, error rows, the CLI and log events carry `error_line`: botocore, pyarrow and jinja
     put details on later lines, which broke one-line errors (and `batchspec status` tables)."""

@@ -203,43 +203,6 @@ print("RESULT" + json.dumps({"ids": [o.token_ids for o in outs], "drafted": sum(
 """
 
 
-@pytest.fixture()
-def s3_apart(tmp_path):
-    """(storage_options, fs, bucket URL) on a moto S3 server in a process of its own. conftest's s3
-    fixture runs moto in this process, which imports Flask; after that every vLLM engine started
-    here fails (its CPU kernel registration scans every module's globals with hasattr and trips on
-    Flask's context proxies: "Working outside of application context")."""
-    import shutil
-    import socket
-    import subprocess
-    import time
-    import uuid
-
-    import s3fs
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen([shutil.which("moto_server") or "moto_server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        opts = {"endpoint_url": f"http://127.0.0.1:{port}", "key": "testing", "secret": "testing"}
-        fs = s3fs.S3FileSystem(**opts)
-        bucket = f"bs-{uuid.uuid4().hex[:10]}"
-        fs.mkdir(bucket)
-        yield opts, fs, f"s3://{bucket}"
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-
-
 def test_vllm_loads_target_and_draft_from_s3(s3_apart, tmp_path, demo_prompt_ids, hf_reference):
     """s3:// prefixes for the target and the draft (a real S3 endpoint, moto): fetched into the cache,
     handed to vLLM as local checkpoints, rows equal to the hf reference; loaded in a process of its

@@ -118,10 +118,9 @@ def _engine(LLM, args: dict, spec_model):
     except Exception as e:
         errors = getattr(e, "errors", None)  # pydantic: the validator's message, not "1 validation error for ..."
         reason = errors()[0].get("msg", str(e)) if callable(errors) and errors() else str(e)
-        first = next((line.strip() for line in reason.splitlines() if line.strip()), type(e).__name__)
         d = spec_model.draft
         draft = "" if d.kind == "none" else f" with draft {d.kind}" + (f" {d.path}" if d.path and d.kind != "ngram" else "")
-        raise ModelLoadError(f"vLLM cannot serve {spec_model.target}{draft}: {type(e).__name__}: {first[:400]}") from e
+        raise ModelLoadError(f"vLLM cannot serve {spec_model.target}{draft}: {error_line(e, 400, reason)}") from e
 
 
 def _expand_batch_to_tokens(x, cu_num_tokens, num_tokens: int, replace_from=0, replace_to=0):
@@ -196,7 +195,7 @@ class VLLMBackend:
                           or not config.scheduler_config.enable_chunked_prefill)
         self._warned_seeds = False
         self.max_context = int(llm.llm_engine.model_config.max_model_len)
-        self.max_batch = int(llm.llm_engine.vllm_config.scheduler_config.max_num_seqs)
+        self.max_batch = int(config.scheduler_config.max_num_seqs)
         self._scheduler = None
         self._rule = None  # a StepArms-like rule while a call runs with one
         self.skips_draft = False  # can decode at k = 0 without the draft's forward (module docstring)
@@ -296,7 +295,6 @@ class VLLMBackend:
     @classmethod
     def load(cls, spec_model, k_default: int = 4, sampled: bool = False) -> "VLLMBackend":
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        import torch
         from transformers import AutoTokenizer
         from vllm import LLM
 

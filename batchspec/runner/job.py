@@ -90,15 +90,14 @@ def prepare(spec: JobSpec, force: bool = False) -> tuple[OutputStore, list[Shard
     except Exception as e:  # the probe wrote, but reading failed: permissions, a broken job.json
         raise JobRefused(f"cannot read the output {spec.output.path}: {error_line(e)}") from e
     if job and not force:
+        committed = [s for s in shards if is_committed(manifests.get(s.shard), s, store)]
         # A changed spec is refused only where it would mix outputs: with no shard committed (e.g. every
         # shard failed to load the model), the fixed spec simply replaces the old one.
-        if job.get("spec_hash") != spec.output_hash() and any(
-                is_committed(manifests.get(s.shard), s, store) for s in shards):
+        if committed and job.get("spec_hash") != spec.output_hash():
             raise JobRefused(
                 f"{spec.output.path} holds output of a different spec (spec hash {job.get('spec_hash', '?')[:12]} vs "
                 f"{spec.output_hash()[:12]}); use a new output path, or --force to overwrite shard by shard")
-        changed = [s.shard for s in shards if is_committed(manifests.get(s.shard), s, store)
-                   and manifests[s.shard].get("input") != s.fingerprint]
+        changed = [s.shard for s in committed if manifests[s.shard].get("input") != s.fingerprint]
         if changed:
             raise JobRefused(
                 f"input changed for {len(changed)} committed shard(s) ({', '.join(changed[:5])}); their output would be "

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import error_line
+
 SCHEMA_VERSION = 1
 
 # Output row, schema v1 (also schemas/output-v1.schema.json; a test keeps both in sync).
