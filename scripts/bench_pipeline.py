@@ -1,4 +1,4 @@
-"""Pipeline overhead: a whole job through Ray Data against the bare engine, same rows, same batch.
+"""Pipeline overhead: a whole job through Ray (actor pool) against the bare engine, same rows, same batch.
 
     python scripts/bench_pipeline.py [--shards 4] [--rows 32] [--max-new-tokens 48] [--repeats 2]
 
@@ -78,7 +78,7 @@ def main() -> None:
         wall = time.perf_counter() - t
         assert result.ok, result.failed
         # Time the actor spent inside shards (read, validate, generate, write, manifest): the rest
-        # of the wall time is fixed start-up (Ray Data, actor process, imports, model load).
+        # of the wall time is fixed start-up (Ray, actor process, imports, model load).
         in_actor.append(sum(json.loads(p.read_text())["timings"]["total_s"]
                             for p in (out / "_batchspec" / "shards").glob("*.json")))
         shutil.rmtree(out)
@@ -106,7 +106,7 @@ def main() -> None:
     print(f"pipeline overhead: {overhead:.1%} (job tokens/s vs bare engine tokens/s)")
     print(f"  of which per-shard work (read, validate, write, manifests) {report['per_shard_overhead']:.1%} "
           f"({shard_s:.1f}s in shards vs {bare_s:.1f}s bare), fixed start-up {report['fixed_startup_s']:.1f}s "
-          "(Ray Data, actor process, imports, model load)")
+          "(Ray, actor process, imports, model load)")
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -370,12 +370,12 @@ def test_an_output_written_before_data_dir_is_still_read(models_dir, tmp_path):
 
 
 def _shard_actor_niceness(seen: list[int], stop) -> None:
-    """Poll /proc for Ray Data's shard actor (ray::MapWorker) and record its niceness."""
+    """Poll /proc for the shard actor (ray::ShardWorker) and record its niceness."""
     while not stop.is_set():
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 with open(f"/proc/{pid}/comm") as f:
-                    if f.read().startswith("ray::MapWorker"):
+                    if f.read().startswith("ray::ShardWork"):
                         seen.append(os.getpriority(os.PRIO_PROCESS, int(pid)))
             except OSError:
                 pass
@@ -398,6 +398,6 @@ def test_shard_actors_run_at_the_drivers_niceness_not_rays_15(models_dir, ray_se
         stop.set()
         poll.join()
     assert seen and set(seen) == {os.getpriority(os.PRIO_PROCESS, 0)}
-    # Ray's other workers of the session (Ray Data's own actors) keep Ray's default.
+    # Ray's other workers of the session keep Ray's default.
     other = ray_session.remote(lambda: os.getpriority(os.PRIO_PROCESS, 0))
     assert ray_session.get(other.remote()) == 15

@@ -123,7 +123,7 @@ def test_a_model_vllm_cannot_load_fails_the_shards_with_one_line(tmp_path):
                                 f"output.path={tmp_path / 'out'}"])
     worker = ShardWorker(spec.model_dump_json(), "job-1", backend="vllm")
     shard = plan_shards(str(ROOT / "jobs/data/legal"))[0]
-    summary = json.loads(worker({"shard": [json.dumps(shard.to_json())]})["summary"][0])
+    [summary] = worker.run([shard.to_json()])
     assert summary["status"] == "failed" and "\n" not in summary["error"]
     assert summary["error"].startswith(f"model could not be loaded: vLLM cannot serve {target}")
     assert "model type `nonsense`" in summary["error"]

@@ -1,1 +1,1 @@
-"""The job runner: plan shards, run them on Ray Data actors, commit parts and manifests."""
+"""The job runner: plan shards, run them on a pool of Ray actors, commit parts and manifests."""

@@ -1,4 +1,4 @@
-"""The driver: plan, check what is already done, run the rest on Ray Data, commit the job.
+"""The driver: plan, check what is already done, run the rest on a pool of Ray actors, commit the job.
 
     result = submit(load_spec("jobs/summarize_legal.yaml"))
     result.failed  # shard ids that failed; rerun() redoes only shards not done
@@ -219,9 +219,6 @@ def pick_backend(spec: JobSpec) -> tuple[str, str]:
 
 
 def _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0, backend, worker_logs=False) -> JobResult:
-    import ray
-    import ray.data
-
     result = JobResult(job_id, spec.output.path, len(shards), skipped=[s.shard for s in shards if s not in todo])
     if on_plan:
         on_plan(shards, todo)
@@ -233,33 +230,26 @@ def _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0, back
     reported: dict[str, str | None] = {}  # shard -> error, as the actors reported it
     if todo:
         init_ray(address, worker_logs=worker_logs)
-        from .worker import ShardWorker
+        from .pool import run_pool
+        from .worker import ShardWorker, failed_manifest
 
-        ctx = ray.data.DataContext.get_current()
-        ctx.enable_progress_bars = False  # batchspec draws its own progress (shards, rows, tokens/s)
         res = spec.resources
         threads = int(res.cpus_per_actor) if res.gpus_per_actor == 0 else 0
-        runtime_env = {"env_vars": actor_env_vars(backend[0], threads)}
-        ds = ray.data.from_items([{"shard": json.dumps(s.to_json())} for s in todo], override_num_blocks=len(todo))
         per_call = res.shards_per_call or (min(8, -(-len(todo) // res.actors)) if backend[0] == "vllm" else 1)
-        # The engine runs in the actor's main thread, the thread that loaded it. Ray Data's default runs
-        # the UDF in a second thread, where OpenMP builds a second thread team: vLLM's 96-row demo
-        # call took 0.77-0.95 s there against 0.64-0.69 s here (bare process: 0.60-0.67 s).
-        pool = ray.data.ActorPoolStrategy(size=min(res.actors, len(todo)), enable_true_multi_threading=True,
-                                          max_concurrent_calls_per_actor=1)
-        ds = ds.map_batches(
-            ShardWorker, batch_size=per_call, compute=pool,
-            num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor or None,
-            fn_constructor_kwargs={"spec_json": spec.model_dump_json(), "job_id": job_id, "threads": threads,
-                                   "backend": backend[0]},
-            runtime_env=runtime_env,
-        )
-        for row in ds.iter_rows():
-            manifest = json.loads(row["summary"])
-            reported[manifest["shard"]] = manifest.get("error")
-            _log_shard(job_id, manifest, shown=on_shard is not None)
-            if on_shard:
-                on_shard(manifest)
+        batches = [[s.to_json() for s in todo[i:i + per_call]] for i in range(0, len(todo), per_call)]
+        # A plain actor runs its calls in its main thread, the thread that loaded the engine: vLLM's
+        # 96-row demo call took 0.77-0.95 s from a second thread (where OpenMP builds a second thread
+        # team, as Ray Data's default map did) against 0.64-0.69 s there (bare process: 0.60-0.67 s).
+        actor_options = {"num_cpus": res.cpus_per_actor, "num_gpus": res.gpus_per_actor or None,
+                         "runtime_env": {"env_vars": actor_env_vars(backend[0], threads)}}
+        init_kwargs = {"spec_json": spec.model_dump_json(), "job_id": job_id, "threads": threads, "backend": backend[0]}
+        for manifests_of_call in run_pool(ShardWorker, batches, res.actors, actor_options, init_kwargs,
+                                          failed=lambda batch, why: [failed_manifest(s["shard"], why) for s in batch]):
+            for manifest in manifests_of_call:
+                reported[manifest["shard"]] = manifest.get("error")
+                _log_shard(job_id, manifest, shown=on_shard is not None)
+                if on_shard:
+                    on_shard(manifest)
 
     # Manifests are the truth: re-read them rather than trusting what came back through Ray.
     manifests = store.manifests()

@@ -5,7 +5,7 @@ Records carry ids (job, shard, row) and prompt hashes, never raw prompts or cred
 
 What a user sees on stderr is the driver's: a line per shard and a summary (text), or one JSON
 object per line (json). Actors log to Ray's session log files (docs/operations.md says where);
-`--worker-logs` forwards them too, with Ray's "(MapWorker pid=...)" prefix.
+`--worker-logs` forwards them too, with Ray's "(ShardWorker pid=...)" prefix.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import sys
 import threading
 import time
@@ -95,7 +94,7 @@ def configure(fmt: str = "text", level: str = "INFO", foreign_level: str = "WARN
 
 
 def _take_over(logger: logging.Logger, fmt: str, level: str) -> None:
-    """Replace a library's console handlers with ours (file handlers, e.g. Ray Data's, stay)."""
+    """Replace a library's console handlers with ours (file handlers, e.g. Ray's session logs, stay)."""
     keep = [h for h in logger.handlers if isinstance(h, logging.FileHandler) or type(h).__name__ == "SessionFileHandler"]
     logger.handlers[:] = keep + [_handler(fmt)]
     logger.setLevel(level)
@@ -103,24 +102,16 @@ def _take_over(logger: logging.Logger, fmt: str, level: str) -> None:
 
 
 def quiet_foreign_loggers() -> None:
-    """Run after ray.init and `import ray.data`: both install their own console handlers."""
+    """Run after `import ray` and after ray.init: both install Ray's own console handlers."""
     fmt, level = getattr(configure, "state", ("text", "WARNING"))
     for name in ("ray", "ray.data"):
         _take_over(logging.getLogger(name), fmt, level)
 
 
-# Lines other code writes to the driver's stderr that tell a batchspec user nothing: Ray Data's
-# actor pool trips Ray core's warning about constructor arguments in the object store on every
-# run (ray-project/ray#57733, open); it is harmless here (the arguments are small and live for
-# the whole run).
-_NOISE_LINES = (re.compile(r"core_worker\.cc:\d+: Actor with class name: .* has constructor arguments in the object store"),)
-
-
 def capture_stderr(fmt: str):
     """Put a filter on file descriptor 2, whoever writes to it (Ray's C++ core, Ray's own
-    processes, a library's print): the known noise above is dropped, and fmt "json" makes every
-    line one JSON object (JSON lines pass, the rest are wrapped as {"level": "INFO", "logger":
-    "stderr", "msg": line}). One pipe keeps the order. Returns a stream on the real stderr, for
+    processes, a library's print): with fmt "json" every line becomes one JSON object (JSON lines
+    pass, the rest are wrapped as {"level": "INFO", "logger": "stderr", "msg": line}). One pipe keeps the order. Returns a stream on the real stderr, for
     the live progress display, or None when stderr is not the process's own (under a test
     runner) and nothing was changed."""
     if getattr(capture_stderr, "real", None) is not None:
@@ -144,8 +135,6 @@ def capture_stderr(fmt: str):
         with os.fdopen(read_fd, "rb") as src:
             for raw in src:
                 line = raw.decode("utf-8", "replace").rstrip("\n")
-                if any(p.search(line) for p in _NOISE_LINES):
-                    continue
                 if fmt == "json":
                     if not line.strip():
                         continue

@@ -7,7 +7,6 @@ Data actor around it that loads the engine once and handles one shard descriptor
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import socket
@@ -554,7 +553,7 @@ def _count_errors(rows: list[dict]) -> dict:
 
 
 class ShardWorker:
-    """Ray Data actor: one engine per actor; each call handles a batch of shard descriptors."""
+    """A shard actor (runner/pool.py): one engine per actor; each call runs a batch of shards."""
 
     def __init__(self, spec_json: str, job_id: str, threads: int = 0, backend: str | None = None):
         from .logs import configure_worker_logging
@@ -577,9 +576,14 @@ class ShardWorker:
             self.load_error = f"model could not be loaded: {e}"
             log_event(log, self.load_error, logging.ERROR, job=job_id)
 
-    def __call__(self, batch: dict) -> dict:
-        shards = [Shard.from_json(json.loads(s)) for s in batch["shard"]]
+    def run(self, batch: list[dict]) -> list[dict]:
+        """Shard descriptors (Shard.to_json) in; one manifest per shard out, in order."""
+        shards = [Shard.from_json(s) for s in batch]
         if self.runner is None:
-            return {"summary": [json.dumps({"shard": s.shard, "status": "failed", "error": self.load_error})
-                                for s in shards]}
-        return {"summary": [json.dumps(m, default=str) for m in self.runner.run_many(shards)]}
+            return [failed_manifest(s.shard, self.load_error) for s in shards]
+        return self.runner.run_many(shards)
+
+
+def failed_manifest(shard: str, error: str) -> dict:
+    """What the driver hears of a shard no actor could run (the shard's own manifest, if any, is read after)."""
+    return {"shard": shard, "status": "failed", "error": error}
