@@ -99,7 +99,7 @@ def _ray_running() -> bool:
 
 
 def _stop_ray() -> None:
-    """Stop the Ray this command started, with Ctrl-C ignored for the ~1.3 s it takes: the output is
+    """Stop the Ray this command started, with Ctrl-C ignored for the ~0.4 s it takes: the output is
     complete by then. Left to the interpreter's exit, a Ctrl-C landing in Ray's shutdown printed
     Python's "Exception ignored in atexit callback" traceback and could leave Ray's processes."""
     import signal
@@ -107,8 +107,18 @@ def _stop_ray() -> None:
     if not _ray_running():
         return
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ray = sys.modules["ray"]
     try:
-        sys.modules["ray"].shutdown()
+        try:
+            # Ray stops its local processes in the order raylet, GCS, autoscaler monitor; the monitor's
+            # SIGTERM handler then reports its own end to the GCS that is already gone, and Ray waits
+            # the full second before SIGKILL (ray.shutdown 1.35 s, 0.35 s with the monitor killed
+            # first). A local cluster's monitor has nothing to save; on a cluster joined by address
+            # this process started no monitor and nothing is killed.
+            ray._private.worker._global_node.kill_monitor(check_alive=False)
+        except Exception:  # a Ray without these internals: its own shutdown, a second slower
+            pass
+        ray.shutdown()
     finally:
         signal.signal(signal.SIGINT, previous)
 
