@@ -94,6 +94,33 @@ def test_driver_killed_mid_job_then_rerun(models_dir, ray_session, tmp_path, fau
     assert outputs(out) == outputs(tmp_path / "ref")
 
 
+def test_node_lost_mid_job(models_dir, ray_session, tmp_path):
+    """A worker node of a 3-node cluster on this machine is removed while its actor holds a shard.
+
+    Each node has one CPU and each actor needs one, so the lost actor can only come back where the
+    other one ran: the pool must let that actor go once there is no more work to hand out."""
+    write_prompt_shards(local_writer(tmp_path / "in"), 4, 4)
+    ref = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "ref"))
+    spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"), resources__actors=2)
+    (tmp_path / "spec.json").write_text(json.dumps(spec.model_dump(mode="json")))
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({"sleep": {"prompts-0000": 6, "prompts-0001": 6}}))
+    here = os.path.dirname(__file__)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, os.path.join(here, "node_loss_job.py"), str(tmp_path / "spec.json"), str(faults)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert lines, proc.stderr[-3000:]
+    result = json.loads(lines[-1])
+    assert submit(ref).ok  # the undisturbed reference, on the test session's Ray
+    record_fault("node removed mid-job (3-node cluster)", 1, result["ok"], part_ids(str(tmp_path / "ref")),
+                 part_ids(str(tmp_path / "out")), outputs(tmp_path / "out") == outputs(tmp_path / "ref"))
+    assert result["removed"].get("node") and result["ok"], result
+    assert outputs(tmp_path / "out") == outputs(tmp_path / "ref")
+    assert len(outputs(tmp_path / "out")) == 16
+
+
 def test_bad_input_catalogue(models_dir, ray_session, tmp_path):
     """Row-level problems give error rows; file-level problems fail that shard alone."""
     write = local_writer(tmp_path / "in")

@@ -27,7 +27,7 @@ def run_pool(worker_cls: type, batches: list[list[Any]], size: int, actor_option
     batch's result as it finishes.
 
     An actor that is killed is restarted by Ray and its call retried (max_restarts and
-    max_task_retries default to -1 here). An actor Ray cannot bring back (its constructor raised,
+    max_task_retries default to -1 here). An actor is let go as soon as no batch is left for it. An actor Ray cannot bring back (its constructor raised,
     or its restarts ran out) leaves the pool: its batch, and, when no actor is left, every batch
     not yet run, come back as failed(batch, reason), so nothing is silently dropped."""
     import ray
@@ -57,7 +57,13 @@ def run_pool(worker_cls: type, batches: list[list[Any]], size: int, actor_option
             continue
         except ray.exceptions.RayTaskError as e:  # the call raised; the actor is still usable
             result = failed(batch, error_line(e.cause if e.cause is not None else e))
-        idle.append(actor)
+        if todo:
+            idle.append(actor)
+        else:
+            # Nothing left to hand out: give its CPUs/GPUs back now. An actor Ray is restarting after
+            # its node was lost may need exactly those to come back and finish its call (a cluster
+            # with no spare capacity would otherwise wait forever: test_node_lost_mid_job).
+            ray.kill(actor)
         yield result
 
 
