@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import local_writer, part_ids, record_fault, s3_writer, write_prompt_shards
 
-from batchspec.runner.job import JobRefused, status, submit
+from batchspec.runner.job import JobRefused, prepare, status, submit
 from batchspec.runner.store import OUTPUT_SCHEMA, OutputStore
 from batchspec.spec import spec_from_dict
 
@@ -71,7 +71,7 @@ def _mtimes(folder) -> dict[str, int]:
     return {p.name: p.stat().st_mtime_ns for p in (folder / "data").glob("part-*.parquet")}
 
 
-def test_rerun_redoes_only_missing_shards(models_dir, ray_session, tmp_path):
+def test_rerun_redoes_only_missing_shards(models_dir, ray_session, tmp_path, monkeypatch):
     write_prompt_shards(local_writer(tmp_path / "in"), 3, 4)
     spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"))
     assert submit(spec).ok
@@ -90,7 +90,13 @@ def test_rerun_redoes_only_missing_shards(models_dir, ray_session, tmp_path):
     assert after["part-prompts-0002.parquet"] == before["part-prompts-0002.parquet"]
     assert after["part-prompts-0001.parquet"] != before["part-prompts-0001.parquet"]
     assert (out / "_batchspec" / "_SUCCESS").exists()
-    # A run with nothing left to do touches no part at all.
+    # A run with nothing left to do touches no part at all; planning it looks at each part once
+    # (a rerun of 10,000 shards on S3 is 10,000 HEAD requests before it starts, not twice that).
+    looked, real_info = [], OutputStore.part_info
+    with monkeypatch.context() as m:
+        m.setattr(OutputStore, "part_info", lambda self, shard, manifest=None: looked.append(shard) or real_info(self, shard, manifest))
+        assert prepare(spec)[2] == []
+    assert sorted(looked) == ["prompts-0000", "prompts-0001", "prompts-0002"]
     nothing = submit(spec)
     assert nothing.done == [] and _mtimes(out) == after
 

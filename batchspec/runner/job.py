@@ -65,7 +65,11 @@ def is_committed(manifest: dict | None, shard: Shard, store: OutputStore) -> boo
 
 def shard_is_done(manifest: dict | None, shard: Shard, store: OutputStore) -> bool:
     """Committed, with as many rows as the shard's input has now."""
-    return is_committed(manifest, shard, store) and manifest.get("rows_out") == shard.rows
+    return is_committed(manifest, shard, store) and has_every_row(manifest, shard)
+
+
+def has_every_row(manifest: dict, shard: Shard) -> bool:
+    return manifest.get("rows_out") == shard.rows
 
 
 def check_paths(spec: JobSpec, probe: bool = False) -> None:
@@ -89,8 +93,9 @@ def prepare(spec: JobSpec, force: bool = False) -> tuple[OutputStore, list[Shard
         job = store.read_job()
     except Exception as e:  # the probe wrote, but reading failed: permissions, a broken job.json
         raise JobRefused(f"cannot read the output {spec.output.path}: {error_line(e)}") from e
+    # One look at each part (a HEAD request per shard on S3), shared by the checks and the todo list.
+    committed = [s for s in shards if is_committed(manifests.get(s.shard), s, store)]
     if job and not force:
-        committed = [s for s in shards if is_committed(manifests.get(s.shard), s, store)]
         # A changed spec is refused only where it would mix outputs: with no shard committed (e.g. every
         # shard failed to load the model), the fixed spec simply replaces the old one.
         if committed and job.get("spec_hash") != spec.output_hash():
@@ -102,8 +107,8 @@ def prepare(spec: JobSpec, force: bool = False) -> tuple[OutputStore, list[Shard
             raise JobRefused(
                 f"input changed for {len(changed)} committed shard(s) ({', '.join(changed[:5])}); their output would be "
                 "stale. Use --force to regenerate them")
-    todo = [s for s in shards if force and _stale(manifests.get(s.shard), s, spec)
-            or not shard_is_done(manifests.get(s.shard), s, store)]
+    done = {s.shard for s in committed if has_every_row(manifests[s.shard], s)}
+    todo = [s for s in shards if force and _stale(manifests.get(s.shard), s, spec) or s.shard not in done]
     return store, shards, todo, manifests
 
 
