@@ -56,6 +56,25 @@ def test_actor_killed_mid_shard(models_dir, ray_session, tmp_path, faults, fault
     assert len(outputs(tmp_path / "out")) == 24
 
 
+def test_a_shard_that_kills_its_actor_every_time_fails_alone(models_dir, ray_session, tmp_path, faults, fault_file):
+    """An input that crashes the engine (an out-of-memory kill, a native crash) must not restart the
+    actor forever: after 3 attempts its batch is split, and only the shard that crashes fails."""
+    write_prompt_shards(local_writer(tmp_path / "in"), 3, 4)
+    reference = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "ref"))
+    assert submit(reference).ok
+    faults({"crash": {"prompts-0001": 0}})
+    spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"), resources__shards_per_call=2)
+
+    result = submit(spec)  # batches [0000, 0001] and [0002]
+
+    crashes = (fault_file.parent / f"{fault_file.name}.prompts-0001.crashes").read_text().split()
+    assert len(crashes) == 6  # 3 attempts of the two-shard batch, then 3 of prompts-0001 alone
+    assert sorted(result.done) == ["prompts-0000", "prompts-0002"] and list(result.failed) == ["prompts-0001"]
+    assert result.failed["prompts-0001"].startswith("the shard killed its actor 3 times"), result.failed
+    ref = outputs(tmp_path / "ref")
+    assert outputs(tmp_path / "out") == {k: v for k, v in ref.items() if not k.startswith("prompts1-")}
+
+
 def test_driver_killed_mid_job_then_rerun(models_dir, ray_session, tmp_path, faults):
     write_prompt_shards(local_writer(tmp_path / "in"), 4, 4)
     ref = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "ref"))

@@ -3,10 +3,12 @@
 Inert unless BATCHSPEC_FAULT_FILE names a path: ShardRunner then holds a FaultPlan and tells it
 how far each shard got. The file, when it exists, is JSON like
 
-    {"kill": {"prompts-0001": 4}, "sleep": {"prompts-0003": 30}}
+    {"kill": {"prompts-0001": 4}, "sleep": {"prompts-0003": 30}, "crash": {"prompts-0002": 0}}
 
 meaning: SIGKILL the actor once after 4 rows of prompts-0001 (a marker file makes it happen once),
-and sleep 30 s before generating prompts-0003 (e.g. so a test can kill the driver meanwhile).
+sleep 30 s before generating prompts-0003 (e.g. so a test can kill the driver meanwhile), and
+SIGKILL the actor after 0 rows of prompts-0002 on every attempt (a shard whose input crashes the
+engine, as an out-of-memory kill would; each attempt adds a line to a marker file).
 """
 
 from __future__ import annotations
@@ -40,4 +42,9 @@ class FaultPlan:
         marker = f"{self.path}.{shard}.killed"
         if at is not None and rows_done >= at and not os.path.exists(marker):
             open(marker, "w").close()
+            os.kill(os.getpid(), 9)
+        at = faults.get("crash", {}).get(shard)
+        if at is not None and rows_done >= at:
+            with open(f"{self.path}.{shard}.crashes", "a") as f:
+                f.write("crash\n")
             os.kill(os.getpid(), 9)

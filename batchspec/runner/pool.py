@@ -21,20 +21,28 @@ from collections import deque
 from typing import Any, Callable, Iterator
 
 
+ATTEMPTS = 3  # a call that kills its actor this many times is given up (an OOM or native crash on its input)
+
+
 def run_pool(worker_cls: type, batches: list[list[Any]], size: int, actor_options: dict, init_kwargs: dict,
              failed: Callable[[list[Any], str], list[dict]]) -> Iterator[list[dict]]:
     """Run every batch on `size` actors of worker_cls (called as actor.run(batch)); yield each
-    batch's result as it finishes.
+    batch's result as it finishes. Every batch comes back exactly once, as results or as
+    failed(batch, reason).
 
-    An actor that is killed is restarted by Ray and its call retried (max_restarts and
-    max_task_retries default to -1 here). An actor is let go as soon as no batch is left for it. An actor Ray cannot bring back (its constructor raised,
-    or its restarts ran out) leaves the pool: its batch, and, when no actor is left, every batch
-    not yet run, come back as failed(batch, reason), so nothing is silently dropped."""
+    1. An actor that dies mid-call (SIGKILL, OOM, a lost node) is restarted by Ray and the call
+       retried, up to ATTEMPTS in all. A call that kills its actor every time is the input's fault,
+       not bad luck: a batch of several shards is split and each shard retried alone, so only the
+       shard that crashes fails; a single shard fails with the reason. Before, Ray retried it
+       forever and the job never ended.
+    2. An actor whose constructor raised is not restarted by Ray; it leaves the pool, and once no
+       actor is left every batch not yet run fails with its reason.
+    3. An actor is let go as soon as no batch is left for it."""
     import ray
 
     from ..errors import error_line
 
-    options = {"max_restarts": -1, "max_task_retries": -1, **actor_options}
+    options = {"max_restarts": -1, "max_task_retries": ATTEMPTS - 1, **actor_options}
     remote_cls = ray.remote(worker_cls).options(**options)
     todo = deque(batches)
     idle = [remote_cls.remote(**init_kwargs) for _ in range(min(size, len(batches)))]
@@ -51,10 +59,17 @@ def run_pool(worker_cls: type, batches: list[list[Any]], size: int, actor_option
         actor, batch = running.pop(ref)
         try:
             result = ray.get(ref)
-        except ray.exceptions.RayActorError as e:  # dead for good: do not give it more work
-            reason = f"shard actor died: {death_reason(e)}"
-            yield failed(batch, reason)
-            continue
+        except ray.exceptions.RayActorError as e:
+            if isinstance(e, ray.exceptions.ActorDiedError) and e.actor_init_failed:  # dead for good: no more work
+                reason = f"shard actor died: {death_reason(e)}"
+                yield failed(batch, reason)
+                continue
+            if len(batch) > 1:  # which shard kills it? each alone, next (Ray is restarting the actor)
+                todo.extendleft([item] for item in reversed(batch))
+                idle.append(actor)
+                continue
+            result = failed(batch, f"the shard killed its actor {ATTEMPTS} times (out of memory, or a native crash "
+                                   f"on its input): {death_reason(e)}")
         except ray.exceptions.RayTaskError as e:  # the call raised; the actor is still usable
             result = failed(batch, error_line(e.cause if e.cause is not None else e))
         if todo:
@@ -65,7 +80,6 @@ def run_pool(worker_cls: type, batches: list[list[Any]], size: int, actor_option
             # with no spare capacity would otherwise wait forever: test_node_lost_mid_job).
             ray.kill(actor)
         yield result
-
 
 
 def death_reason(e: Exception) -> str:
