@@ -1,7 +1,8 @@
 """Shard batches onto a pool of Ray actors: one call per actor at a time, results as they finish.
 
-    for manifests in run_pool(ShardWorker, batches, size=2, actor_options={...}, init_kwargs={...}):
-        ...  # the manifests of one batch, in finishing order
+    for manifests in run_pool(ShardWorker, batches, size=2, actor_options={"num_cpus": 2},
+                              init_kwargs={...}, failed=lambda batch, why: [...]):
+        ...  # the manifests of one batch, in finishing order; failed(batch, why) for a batch no actor ran
 
 Why plain Ray actors and not Ray Data (v1's map_batches over a dataset of shard descriptors):
 a shard is read, profiled, decided, generated and committed inside one call, so the only thing
