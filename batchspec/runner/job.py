@@ -10,7 +10,6 @@ inputs changed since, is refused unless force=True: the committed parts would be
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform

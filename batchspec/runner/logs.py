@@ -104,16 +104,15 @@ def _take_over(logger: logging.Logger, fmt: str, level: str) -> None:
 def quiet_foreign_loggers() -> None:
     """Run after `import ray` and after ray.init: both install Ray's own console handlers."""
     fmt, level = getattr(configure, "state", ("text", "WARNING"))
-    for name in ("ray", "ray.data"):
-        _take_over(logging.getLogger(name), fmt, level)
+    _take_over(logging.getLogger("ray"), fmt, level)
 
 
 def capture_stderr(fmt: str):
     """Put a filter on file descriptor 2, whoever writes to it (Ray's C++ core, Ray's own
     processes, a library's print): with fmt "json" every line becomes one JSON object (JSON lines
-    pass, the rest are wrapped as {"level": "INFO", "logger": "stderr", "msg": line}). One pipe keeps the order. Returns a stream on the real stderr, for
-    the live progress display, or None when stderr is not the process's own (under a test
-    runner) and nothing was changed."""
+    pass, the rest are wrapped as {"level": "INFO", "logger": "stderr", "msg": line}). One pipe
+    keeps the order. Returns a stream on the real stderr, for the live progress display, or None
+    when stderr is not the process's own (under a test runner) and nothing was changed."""
     if getattr(capture_stderr, "real", None) is not None:
         return capture_stderr.real
     if sys.stderr is not sys.__stderr__:

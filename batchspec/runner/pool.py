@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable, Iterator
 
+from ..errors import error_line
+
 
 ATTEMPTS = 3  # a call that kills its actor this many times is given up (an OOM or native crash on its input)
 
@@ -40,8 +42,6 @@ def run_pool(worker_cls: type, batches: list[list[Any]], size: int, actor_option
        actor is left every batch not yet run fails with its reason.
     3. An actor is let go as soon as no batch is left for it."""
     import ray
-
-    from ..errors import error_line
 
     options = {"max_restarts": -1, "max_task_retries": ATTEMPTS - 1, **actor_options}
     remote_cls = ray.remote(worker_cls).options(**options)
@@ -87,8 +87,6 @@ def death_reason(e: Exception) -> str:
     """One line for a dead actor. Ray's message is a page: where the actor was, then the traceback
     of what killed it; the traceback's exception line ("RuntimeError: no such device: cuda:7") is
     what a user needs. Without a traceback (SIGKILL, a lost node), Ray's first line."""
-    from ..errors import error_line
-
     lines = str(getattr(e, "error_msg", None) or e).splitlines()
     frames = [i for i, line in enumerate(lines) if line.lstrip().startswith('File "')]
     if frames:  # after the last frame: its source line and ^^^ markers (indented), then the exception

@@ -1,7 +1,8 @@
 """Generate one shard: read, validate, profile, decide, generate in micro-batches, commit.
 
 `process_shard` is a plain function (tests call it without Ray); `ShardWorker` is the thin Ray
-Data actor around it that loads the engine once and handles one shard descriptor per call.
+actor around it (runner/pool.py schedules it) that loads the engine once and runs a batch of
+shard descriptors per call.
 """
 
 from __future__ import annotations
