@@ -163,6 +163,9 @@ def submit(
 
     Prints a line per shard and a summary. Exit code 0 when every shard is committed, 1 when some
     failed (rerun them), 2 on a usage error, 130 when interrupted (Ctrl-C; rerun continues).
+
+    An actor killed mid-shard (out of memory, a lost node) is restarted and the shard retried, 3
+    attempts in all; a shard that kills its actor every time then fails alone (docs/operations.md).
     """
     _run(job, set_, address, force, quiet, log_format, require_existing=False, worker_logs=worker_logs)
 
