@@ -240,11 +240,13 @@ class OutputStore:
             return None
 
     def read_part(self, shard: str, manifest: dict | None = None) -> pa.Table:
-        # ParquetFile, not pq.read_table: read_table on a Python file object leaves cleanup behind
-        # that runs at interpreter exit, and a script that had read a part aborted there 9 times in 10
-        # ("terminate called without an active exception", exit 134; pyarrow 26, apache/arrow#33975).
+        # One thread, and ParquetFile rather than pq.read_table: decoding a Python file object in
+        # pyarrow's threads can leave a column reader to be freed on one of them while the
+        # interpreter shuts down, which aborts the process ("terminate called without an active
+        # exception", exit 134; pyarrow 26, apache/arrow#33975). read_table aborted a script 9 times
+        # in 10; threaded ParquetFile.read() 6 in 20 in a script that had imported torch.
         with self.fs.open(self._part_of(shard, manifest), "rb") as f:
-            return pq.ParquetFile(f).read()
+            return pq.ParquetFile(f).read(use_threads=False)
 
 
 def _protocols(fs) -> tuple:

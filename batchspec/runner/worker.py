@@ -96,7 +96,9 @@ def read_shard(shard: Shard, spec: JobSpec) -> pa.Table:
                     groups.append(g)
                     first_row = cursor if first_row is None else first_row
                 cursor += n
-            table = pf.read_row_groups(groups, columns=columns) if groups else pf.schema_arrow.empty_table().select(columns)
+            # One thread: see OutputStore.read_part (a threaded read can abort the process at exit).
+            table = (pf.read_row_groups(groups, columns=columns, use_threads=False) if groups
+                     else pf.schema_arrow.empty_table().select(columns))
     except ShardReadError:
         raise
     except Exception as e:
