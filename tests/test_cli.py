@@ -253,3 +253,53 @@ def test_a_model_the_engine_cannot_serve_is_refused_before_ray(models_dir, tmp_p
     assert not (tmp_path / "mamba-out").exists()
     res = CliRunner().invoke(app, ["validate", str(job)])
     assert res.exit_code == 2 and "model type 'mamba'" in res.output
+
+
+def test_a_cluster_that_does_not_answer_is_refused_at_once(models_dir, tmp_path):
+    """`submit --address` to a cluster that is down hung for 13 minutes inside ray.init (20 tries,
+    each blocked in a call Ctrl-C does not reach) with the output's lease held and job.json saying
+    running. Now one line, exit 2, in the time of one connection attempt, and nothing recorded."""
+    import socket
+
+    from batchspec.runner.job import cluster_unreachable
+
+    with socket.socket() as s:  # a port nothing listens on once this closes
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert "no Ray cluster answers at 127.0.0.1:" in cluster_unreachable(f"127.0.0.1:{port}")
+    assert "no Ray cluster answers at ray://127.0.0.1:" in cluster_unreachable(f"ray://127.0.0.1:{port}")
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        assert cluster_unreachable(f"127.0.0.1:{listening.getsockname()[1]}") is None
+
+    job = write_job(models_dir, tmp_path, name="away")
+    t = time.perf_counter()
+    run = run_cli("submit", str(job), "--quiet", "--address", f"127.0.0.1:{port}", timeout=120)
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert run.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: no Ray cluster answers"), run.stderr
+    assert time.perf_counter() - t < 60
+    out = yaml.safe_load(job.read_text())["output"]["path"]
+    assert not (Path(out) / "_batchspec" / "job.json").exists()
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_line_ray_repeats_every_second_is_printed_once_with_a_count(fmt):
+    """Ray's C++ core writes the same warning once a second while it retries (20 lines for a
+    cluster whose token does not match); batchspec's stderr filter prints it once and counts."""
+    script = f"""
+import os
+from batchspec.runner.logs import capture_stderr
+capture_stderr({fmt!r})
+for i in range(20):
+    os.write(2, f"[2026-11-30 16:47:{{i:02d}},884 W 25974 25974] gcs_client.cc:210: Failed to get cluster ID\\n".encode())
+os.write(2, b"[2026-11-30 16:47:21,001 W 25974 25974] other.cc:1: something else\\n")
+os.write(2, b"[2026-11-30 16:47:22,001 W 25974 25974] other.cc:1: something else\\n")
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    lines = run.stderr.splitlines()
+    if fmt == "json":
+        lines = [json.loads(line)["msg"] for line in lines]
+    assert run.returncode == 0 and len(lines) == 4, run.stderr
+    assert lines[0].endswith("gcs_client.cc:210: Failed to get cluster ID")
+    assert lines[1] == "(the line above repeated 19 more times)"
+    assert lines[2].endswith("other.cc:1: something else")
+    assert lines[3] == "(the line above repeated 1 more time)"

@@ -30,7 +30,8 @@ log = logging.getLogger("batchspec.job")
 
 
 class JobRefused(RuntimeError):
-    """The run would mix outputs of different specs or inputs (or overlap input and output)."""
+    """The run cannot start: it would mix outputs of different specs or inputs (or overlap input
+    and output), another run holds the output, or the Ray cluster named cannot be joined."""
 
 
 @dataclass
@@ -130,13 +131,52 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, worker_log
               "VLLM_LOGGING_LEVEL", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "OMP_WAIT_POLICY")
     env = {"env_vars": {k: os.environ[k] for k in passed if k in os.environ}}
     if address:
-        ray.init(address=address, runtime_env=env, log_to_driver=worker_logs, logging_level=logging.WARNING)
+        problem = cluster_unreachable(address)
+        if problem:
+            raise JobRefused(problem)
+        try:
+            ray.init(address=address, runtime_env=env, log_to_driver=worker_logs, logging_level=logging.WARNING)
+        except (ConnectionError, RuntimeError) as e:
+            why = error_line(e).rstrip(".")
+            if "Failed to connect" in why or "auth" in why.lower():  # what a token mismatch looks like
+                why += (". If the cluster uses token authentication (Ray's default for clusters it starts), set "
+                        "RAY_AUTH_MODE=token and give this machine the cluster's token (RAY_AUTH_TOKEN, or "
+                        "~/.ray/auth_token)")
+            raise JobRefused(f"cannot join the Ray cluster at {address}: {why}") from None
     else:
         # address="local": always a fresh local instance. Plain ray.init() would attach to whatever
         # cluster /tmp/ray/ray_current_cluster names, even a dead one left by an earlier run.
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=worker_logs,
                  logging_level=logging.WARNING)
     quiet_foreign_loggers()  # ray.init re-formats the handlers of Ray's loggers; give them ours again
+
+
+def cluster_unreachable(address: str, timeout_s: float = 5.0) -> str | None:
+    """Why nothing answers at a Ray address (host:port, ray://host:port, or "auto" as recorded by
+    `ray start`), or None. ray.init itself retries a dead address 20 times, each try blocked for up
+    to a minute in a call Ctrl-C does not reach: `submit --address` to a cluster that was down hung
+    for 13 minutes before this check."""
+    import socket
+
+    target = address.removeprefix("ray://")
+    if target == "auto":
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+
+            target = canonicalize_bootstrap_address("auto") or ""
+        except Exception:  # a private Ray helper: if it moved, ray.init finds the cluster itself
+            return None
+        if not target:
+            return None  # ray.init says at once that there is no cluster to join
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return None  # not host:port; ray.init explains its own formats
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        return (f"no Ray cluster answers at {address} ({host}:{port}: {e.strerror or e}). Start one "
+                f"(`ray start --head`), fix --address / RAY_ADDRESS, or leave both unset to run on a local Ray")
+    return None
 
 
 def actor_env_vars(backend: str, threads: int) -> dict[str, str]:
@@ -183,7 +223,14 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
     if note:
         log_event(log, note, logging.WARNING, job=job_id)
     try:
-        return _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0, backend, worker_logs)
+        if todo:  # before the run is recorded: a cluster that cannot be joined leaves the output as it was
+            try:
+                init_ray(address, worker_logs=worker_logs)
+            except KeyboardInterrupt:  # nothing recorded yet, so nothing to mark interrupted
+                raise JobInterrupted(job_id, status(spec.output.path, spec.output.storage_options)) from None
+        return _run(spec, store, shards, todo, job_id, on_shard, on_plan, t0, backend)
+    except JobInterrupted:
+        raise
     except KeyboardInterrupt:
         st = _interrupted(spec, store, shards, job_id, backend)
         raise JobInterrupted(job_id, st) from None
@@ -222,7 +269,7 @@ def pick_backend(spec: JobSpec) -> tuple[str, str]:
         raise JobRefused(str(e)) from None
 
 
-def _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0, backend, worker_logs=False) -> JobResult:
+def _run(spec, store, shards, todo, job_id, on_shard, on_plan, t0, backend) -> JobResult:
     result = JobResult(job_id, spec.output.path, len(shards), skipped=[s.shard for s in shards if s not in todo])
     if on_plan:
         on_plan(shards, todo)
@@ -233,7 +280,6 @@ def _run(spec, store, shards, todo, job_id, address, on_shard, on_plan, t0, back
 
     reported: dict[str, str | None] = {}  # shard -> error, as the actors reported it
     if todo:
-        init_ray(address, worker_logs=worker_logs)
         from .pool import run_pool
         from .worker import ShardWorker, failed_manifest
 
