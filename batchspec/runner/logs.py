@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -107,6 +108,10 @@ def quiet_foreign_loggers() -> None:
     _take_over(logging.getLogger("ray"), fmt, level)
 
 
+# "[2026-11-30 16:47:16,884 W 25974 25974] gcs_client.cc:210: message": Ray's C++ core on stderr.
+_RAY_CORE_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+ [A-Z] \d+ \d+\] (.*)$")
+
+
 def capture_stderr(fmt: str):
     """Put a filter on file descriptor 2, whoever writes to it (Ray's C++ core, Ray's own
     processes, a library's print): with fmt "json" every line becomes one JSON object (JSON lines
@@ -130,21 +135,36 @@ def capture_stderr(fmt: str):
     out = os.fdopen(real, "w", buffering=1)
     out.isatty = lambda: tty  # the progress display draws a live bar only on a terminal
 
+    def emit(line: str) -> None:
+        if fmt == "json":
+            if not line.strip():
+                return
+            try:
+                is_record = isinstance(json.loads(line), dict)
+            except ValueError:
+                is_record = False
+            if not is_record:
+                line = json.dumps({"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()), "level": "INFO",
+                                   "logger": "stderr", "msg": line})
+        out.write(line + "\n")
+
     def pump():
+        # Ray's C++ core repeats a line once a second while it retries (a cluster whose token does
+        # not match: 20 lines in 20 s); one copy and a count say the same.
+        last, repeats = None, 0
         with os.fdopen(read_fd, "rb") as src:
             for raw in src:
                 line = raw.decode("utf-8", "replace").rstrip("\n")
-                if fmt == "json":
-                    if not line.strip():
-                        continue
-                    try:
-                        is_record = isinstance(json.loads(line), dict)
-                    except ValueError:
-                        is_record = False
-                    if not is_record:
-                        line = json.dumps({"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()), "level": "INFO",
-                                           "logger": "stderr", "msg": line})
-                out.write(line + "\n")
+                core = _RAY_CORE_LINE.match(line)
+                if core and core.group(1) == last:
+                    repeats += 1
+                    continue
+                if repeats:
+                    emit(f"(the line above repeated {repeats} more time{'s' * (repeats > 1)})")
+                last, repeats = core.group(1) if core else None, 0
+                emit(line)
+            if repeats:
+                emit(f"(the line above repeated {repeats} more time{'s' * (repeats > 1)})")
 
     thread = threading.Thread(target=pump, name="batchspec-stderr", daemon=True)
     thread.start()
