@@ -6,6 +6,7 @@
     python scripts/bench_vllm.py --busy [--jobs demo]   # the same with one busy-looping process beside each run
     python scripts/bench_vllm.py --jobs llama104m --llama-rows 256   # a longer job: fixed seconds amortize
     python scripts/bench_vllm.py --jobs demo,mixed --temperature 0.7   # sampled jobs
+    python scripts/bench_vllm.py --jobs demo,mixed --running-ray   # also on a Ray that is already up
 
 Per job and repetition, each configuration runs in its own process, in a fixed interleaved order:
 
@@ -14,6 +15,7 @@ Per job and repetition, each configuration runs in its own process, in a fixed i
     batchspec vllm auto  `batchspec submit JOB --set model.backend=vllm` (policy on, Ray, Parquet in/out)
     batchspec hf auto    `batchspec submit JOB --set model.backend=hf` (left out with --no-hf)
     batchspec vllm auto+plain   with --plain-engine: the vllm run plus model.vllm_plain_engine=true
+    batchspec vllm auto, Ray up   with --running-ray: the vllm run joining a Ray that is already up
 
 Reported: generation seconds (bare: the generate call; batchspec: the shards' generate_s, plus the
 policy's cost calibration shown apart), whole-job wall seconds and start-up (engine load; for
@@ -101,11 +103,11 @@ def bare(spec, prompt_ids, speculative: bool) -> dict:
     return {**res, "wall_s": wall, "calibrate_s": 0.0}
 
 
-def batchspec(job: Path, backend: str, out_dir: Path, *sets: str) -> dict:
+def batchspec(job: Path, backend: str, out_dir: Path, *sets: str, address: str | None = None) -> dict:
     from batchspec.runner.store import OutputStore
 
     t = time.perf_counter()
-    extra = [arg for item in sets for arg in ("--set", item)]
+    extra = [arg for item in sets for arg in ("--set", item)] + (["--address", address] if address else [])
     proc = subprocess.run([str(Path(sys.executable).parent / "batchspec"), "submit", str(job), "--quiet",
                            "--set", f"model.backend={backend}", "--set", f"output.path={out_dir}", *extra],
                           capture_output=True, text=True, cwd=ROOT)
@@ -121,6 +123,33 @@ def batchspec(job: Path, backend: str, out_dir: Path, *sets: str) -> dict:
     return {"generate_s": gen, "calibrate_s": calib, "wall_s": wall, "start_s": wall - total,
             "tokens": sum(r["completion_tokens"] for r in rows), "by_id": {r["id"]: r["completion"] for r in rows},
             "decisions": {s: [d["reason"] for d in m["decisions"]] for s, m in sorted(ms.items())}}
+
+
+class RunningRay:
+    """A local Ray head started before the block and stopped after it, outside the timed run
+    (--running-ray): what a job on a cluster that is already up pays, which is where nightly jobs
+    run. Its workers start at niceness 0, as on the Ray batchspec starts itself."""
+
+    PORT = 6391
+
+    def __enter__(self) -> str:
+        # Token authentication on both sides, with the token ray start leaves in ~/.ray/auth_token
+        # (left unset, the head and the driver disagreed about it here and the join was refused).
+        self.before = os.environ.get("RAY_AUTH_MODE")
+        os.environ["RAY_AUTH_MODE"] = "token"
+        ray = str(Path(sys.executable).parent / "ray")
+        env = {**os.environ, "RAY_worker_niceness": "0"}
+        subprocess.run([ray, "start", "--head", f"--port={self.PORT}", f"--num-cpus={os.cpu_count()}",
+                        "--include-dashboard=false", "--disable-usage-stats"], check=True, capture_output=True, env=env)
+        time.sleep(3)  # let the head's agents finish starting: a cluster that is up is idle
+        return f"127.0.0.1:{self.PORT}"
+
+    def __exit__(self, *exc):
+        subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"], capture_output=True)
+        if self.before is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = self.before
 
 
 class BusyNeighbour:
@@ -330,6 +359,9 @@ def main() -> None:
     ap.add_argument("--switch", action="store_true", help="measure the cost of switching k per call instead")
     ap.add_argument("--busy", action="store_true",
                     help="run every configuration beside one busy-looping process (a neighbour holding a core)")
+    ap.add_argument("--running-ray", action="store_true",
+                    help="also run batchspec on a Ray that is already up (a local head started before and "
+                         "stopped after each such run, outside its time): the per-job cost on a cluster")
     ap.add_argument("--engine-path", action="store_true",
                     help="instead: batchspec's engine path vs bare LLM.generate, three engines in one process "
                          "(--repeats calls each, interleaved; default 6)")
@@ -360,6 +392,7 @@ def main() -> None:
     results: dict = {"threads": os.cpu_count(), "busy_neighbour": args.busy, "jobs": {}}
     configs = ["bare vLLM plain", "bare vLLM spec", "batchspec vllm auto"]
     configs += ["batchspec vllm auto+plain"] if args.plain_engine else []
+    configs += ["batchspec vllm auto, Ray up"] if args.running_ray else []
     configs += [] if args.no_hf else ["batchspec hf auto"]
     for name, job in write_jobs(tmp, args.jobs.split(","), args.llama_rows, args.temperature).items():
         spec = load_spec(job)
@@ -371,6 +404,9 @@ def main() -> None:
                     if config.startswith("bare"):
                         r = bare(spec, prompt_ids, speculative=config.endswith("spec"))
                         r["by_id"] = dict(zip(ids, r.pop("completions")))
+                    elif config.endswith("Ray up"):
+                        with RunningRay() as address:
+                            r = batchspec(job, "vllm", tmp / f"out-{name}-{rep}-rayup", address=address)
                     else:
                         sets = ["model.vllm_plain_engine=true"] if config.endswith("+plain") else []
                         r = batchspec(job, config.split()[1], tmp / f"out-{name}-{rep}-{config.replace(' ', '_')}", *sets)
@@ -400,8 +436,9 @@ def main() -> None:
             print(f"{config:<27}{t['generate_s']:>11.2f}{t['generate_s'] / best:>12.2f}x{t['calibrate_s']:>8.2f}"
                   f"{t['wall_s']:>8.1f}{t['start_s']:>8.1f}{t['tok_s']:>8.0f}"
                   + (f"{t['agree']:>5}/{t['rows']}" if t["agree"] is not None else "     n/a"))
-        print(f"whole-job wall, batchspec vllm auto vs best bare vLLM: "
-              f"{table['batchspec vllm auto']['wall_s'] / best_wall:.2f}x")
+        for config in ("batchspec vllm auto", "batchspec vllm auto, Ray up"):
+            if config in table:
+                print(f"whole-job wall, {config} vs best bare vLLM: {table[config]['wall_s'] / best_wall:.2f}x")
         for config in ("batchspec vllm auto", "batchspec vllm auto+plain"):
             for shard, reasons in ((table.get(config) or {}).get("decisions") or {}).items():
                 print(f"  {config}, {shard}: {' | '.join(reasons)}")
