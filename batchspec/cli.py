@@ -78,8 +78,10 @@ def _run(job: str, overrides: list[str], address: Optional[str], force: bool, qu
         _die(str(e))
     except JobInterrupted as e:
         st = e.status["shards"]
+        # `rerun` needs a recorded job; interrupted while joining Ray, a new output has none yet.
+        verb = "rerun" if e.recorded or require_existing else "submit"
         typer.echo(f"interrupted: {st['done']} of {st['total']} shard(s) done, {st['pending'] + st['failed']} not done; "
-                   f"`batchspec rerun {again}` runs only those", err=True)
+                   f"`batchspec {verb} {again}` runs only those", err=True)
         if not ray_was_running:
             _stop_ray()  # the run is recorded; a second Ctrl-C must not break Ray's shutdown
         raise typer.Exit(130)

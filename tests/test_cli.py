@@ -113,6 +113,17 @@ def test_ctrl_c_records_the_run_and_says_how_to_continue(models_dir, tmp_path):
     assert st["complete"] and st["shards"]["done"] == 12
 
 
+def test_ctrl_c_while_ray_starts_records_nothing_and_says_submit(models_dir, tmp_path):
+    """Ray is joined before the run is recorded; a Ctrl-C there leaves a new output without
+    job.json, and `rerun` would refuse it: the hint says `submit`."""
+    job = write_job(models_dir, tmp_path, name="early")
+    code, text = interrupt_when(job, tmp_path, "shard(s): ")
+    assert code == 130 and f"`batchspec submit {job}` runs only those" in text, text
+    assert "Traceback" not in text, text
+    assert not (tmp_path / "early-out" / "_batchspec" / "job.json").exists()
+    assert not (tmp_path / "early-out" / "_batchspec" / "lease.json").exists()
+
+
 def test_ctrl_c_after_the_summary_is_ignored_while_ray_stops(models_dir, tmp_path):
     """The output is complete once the summary is printed; a Ctrl-C during Ray's shutdown after it
     must not print a traceback or change the exit code."""

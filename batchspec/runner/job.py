@@ -223,12 +223,15 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
     if note:
         log_event(log, note, logging.WARNING, job=job_id)
     try:
+        if on_plan:
+            on_plan(shards, todo)
         if todo:  # before the run is recorded: a cluster that cannot be joined leaves the output as it was
             try:
                 init_ray(address, worker_logs=worker_logs)
-            except KeyboardInterrupt:  # nothing recorded yet, so nothing to mark interrupted
-                raise JobInterrupted(job_id, status(spec.output.path, spec.output.storage_options)) from None
-        return _run(spec, store, shards, todo, job_id, on_shard, on_plan, t0, backend)
+            except KeyboardInterrupt:  # nothing recorded yet (maybe not even job.json), so nothing to mark
+                counts = {"total": len(shards), "done": len(shards) - len(todo), "pending": len(todo), "failed": 0}
+                raise JobInterrupted(job_id, {"shards": counts}, recorded=False) from None
+        return _run(spec, store, shards, todo, job_id, on_shard, t0, backend)
     except JobInterrupted:
         raise
     except KeyboardInterrupt:
@@ -239,11 +242,12 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
 
 
 class JobInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a run; `status` is status() of the output at that moment."""
+    """Ctrl-C during a run; `status` is status() of the output at that moment. recorded: False when
+    the run stopped before it was recorded (while joining Ray), so a new output has no job.json."""
 
-    def __init__(self, job_id: str, status: dict):
+    def __init__(self, job_id: str, status: dict, recorded: bool = True):
         super().__init__(job_id)
-        self.job_id, self.status = job_id, status
+        self.job_id, self.status, self.recorded = job_id, status, recorded
 
 
 def _interrupted(spec: JobSpec, store: OutputStore, shards: list[Shard], job_id: str, backend) -> dict:
@@ -269,10 +273,8 @@ def pick_backend(spec: JobSpec) -> tuple[str, str]:
         raise JobRefused(str(e)) from None
 
 
-def _run(spec, store, shards, todo, job_id, on_shard, on_plan, t0, backend) -> JobResult:
+def _run(spec, store, shards, todo, job_id, on_shard, t0, backend) -> JobResult:
     result = JobResult(job_id, spec.output.path, len(shards), skipped=[s.shard for s in shards if s not in todo])
-    if on_plan:
-        on_plan(shards, todo)
     store.clear_success()
     store.write_job(_job_record(spec, job_id, shards, store.read_job(), status="running", backend=backend))
     log_event(log, "job started", job=job_id, shards=len(shards), todo=len(todo), output=spec.output.path,
