@@ -211,6 +211,10 @@ class ShardRunner:
                                   sampled=spec.generation.temperature > 0)
         self.engine = engine  # a backend: engine.Engine (hf) or vllm_backend.VLLMBackend
         self.store = OutputStore(spec.output.path, spec.output.storage_options)
+        # pyarrow imports pandas and pyarrow.compute on its first conversion (0.15-0.29 s here). Done
+        # in the first shard's commit, it doubled that shard's total_s on the demo job, which the
+        # report then listed as the slowest and costliest shard; it is start-up.
+        pa.Table.from_pylist([], schema=OUTPUT_SCHEMA)
         sp = spec.speculation
         mode = "off" if m.draft.kind == "none" else sp.mode
         # vLLM with one engine: costs come from the steps of real calls (policy.StepArms), no calibration.
