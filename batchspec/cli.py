@@ -152,7 +152,9 @@ def _output_of(target: str, storage_option: list[str]) -> tuple[str, dict]:
 def submit(
     job: str = typer.Argument(..., help="Job spec YAML, e.g. jobs/summarize_legal.yaml"),
     set_: List[str] = typer.Option([], "--set", help=SET_HELP),
-    address: Optional[str] = typer.Option(None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)."),
+    address: Optional[str] = typer.Option(None, help="Ray cluster address, host:port or ray://host:port (default: RAY_ADDRESS, else a local Ray "
+                                      "started for this run). Refused at once when nothing answers there; a cluster "
+                                      "with token authentication needs RAY_AUTH_MODE=token and its token."),
     force: bool = typer.Option(False, help="Proceed even if the output holds a different spec or stale shards."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display; warnings and errors only."),
     log_format: str = typer.Option("text", help="text, or json (every stderr line one JSON object, for pipelines)."),
@@ -176,7 +178,7 @@ def submit(
 def rerun(
     job: str = typer.Argument(..., help="The job spec the output was written with."),
     set_: List[str] = typer.Option([], "--set", help=SET_HELP),
-    address: Optional[str] = typer.Option(None, help="Ray cluster address."),
+    address: Optional[str] = typer.Option(None, help="Ray cluster address, as for submit."),
     force: bool = typer.Option(False, help="Allow a changed spec or changed inputs (stale shards are regenerated)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display; warnings and errors only."),
     log_format: str = typer.Option("text", help="text or json (every stderr line one JSON object)."),
