@@ -10,9 +10,12 @@ inputs changed since, is refused unless force=True: the committed parts would be
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import platform
+import signal
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -227,7 +230,8 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
             on_plan(shards, todo)
         if todo:  # before the run is recorded: a cluster that cannot be joined leaves the output as it was
             try:
-                init_ray(address, worker_logs=worker_logs)
+                with _ctrl_c_kept():
+                    init_ray(address, worker_logs=worker_logs)
             except KeyboardInterrupt:  # nothing recorded yet (maybe not even job.json), so nothing to mark
                 counts = {"total": len(shards), "done": len(shards) - len(todo), "pending": len(todo), "failed": 0}
                 raise JobInterrupted(job_id, {"shards": counts}, recorded=False) from None
@@ -239,6 +243,32 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
         raise JobInterrupted(job_id, st) from None
     finally:
         lease.release()
+
+
+@contextlib.contextmanager
+def _ctrl_c_kept():
+    """A first Ctrl-C during the block raises KeyboardInterrupt when the block ends (starting a
+    local Ray takes ~2.5 s); a second one at once. Raised where it lands, a Ctrl-C during `import
+    ray` could be swallowed by module registration code, printed as "Exception ignored in: <module
+    'collections.abc'> ... KeyboardInterrupt", and the job then ran to its end (seen in CI)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed = []
+
+    def on_sigint(signum, frame):
+        pressed.append(signum)
+        if len(pressed) > 1:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is on_sigint:
+            signal.signal(signal.SIGINT, previous)
+    if pressed:
+        raise KeyboardInterrupt
 
 
 class JobInterrupted(KeyboardInterrupt):
