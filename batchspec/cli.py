@@ -83,7 +83,7 @@ def _run(job: str, overrides: list[str], address: Optional[str], force: bool, qu
         typer.echo(f"interrupted: {st['done']} of {st['total']} shard(s) done, {st['pending'] + st['failed']} not done; "
                    f"`batchspec {verb} {again}` runs only those", err=True)
         if not ray_was_running:
-            _stop_ray()  # the run is recorded; a second Ctrl-C must not break Ray's shutdown
+            _stop_ray()  # recorded, or nothing written; a second Ctrl-C must not break Ray's shutdown
         raise typer.Exit(130)
     progress.summary(result)
     if not result.ok:

@@ -152,6 +152,11 @@ def capture_stderr(fmt: str):
         # Ray's C++ core repeats a line once a second while it retries (a cluster whose token does
         # not match: 20 lines in 20 s); one copy and a count say the same.
         last, repeats = None, 0
+
+        def count_repeats() -> None:
+            if repeats:
+                emit(f"(the line above repeated {repeats} more time{'s' * (repeats > 1)})")
+
         with os.fdopen(read_fd, "rb") as src:
             for raw in src:
                 line = raw.decode("utf-8", "replace").rstrip("\n")
@@ -159,12 +164,10 @@ def capture_stderr(fmt: str):
                 if core and core.group(1) == last:
                     repeats += 1
                     continue
-                if repeats:
-                    emit(f"(the line above repeated {repeats} more time{'s' * (repeats > 1)})")
+                count_repeats()
                 last, repeats = core.group(1) if core else None, 0
                 emit(line)
-            if repeats:
-                emit(f"(the line above repeated {repeats} more time{'s' * (repeats > 1)})")
+            count_repeats()
 
     thread = threading.Thread(target=pump, name="batchspec-stderr", daemon=True)
     thread.start()
