@@ -39,6 +39,20 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+def acceptance_for(tokens_per_pass: float, k: int) -> float:
+    """The per-token acceptance a at which E(a, k) equals a measured mean of tokens per target pass
+    (E is increasing in a; bisection). For a draft that does not always propose k tokens (an
+    n-gram lookup that finds no match proposes none) this is lower than the acceptance of the
+    tokens it did propose: a position it left out counts as a rejection, which is what the cost
+    model, built on k proposals per pass, needs in order to predict what the steps deliver."""
+    lo, hi = 0.0, 1.0
+    target = min(max(tokens_per_pass, 1.0), k + 1.0)
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, k) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
 def decode_speedup(alpha: float, k: int, c: float, v: float) -> float:
     """Predicted decode-phase speedup over plain decoding: E(a, k) / (k c + v(k))."""
     return expected_tokens(alpha, k) / (k * c + v)
@@ -283,6 +297,7 @@ class StepArms:
         self.prefill_s = 0.0  # the target's part of the prefill steps
         self.draft_prefill_s = 0.0  # the draft's part, where the engine timed it apart
         self.rows = 0  # rows decoding at the largest clean step
+        self.passes: dict[int, list[int]] = {}  # k > 0 -> [tokens, row passes] over every clean step at k
         self._last: int | None = None
 
     def next_k(self) -> int:
@@ -302,7 +317,12 @@ class StepArms:
         if prefill:
             self.prefill_s += seconds
             self.draft_prefill_s += draft_s
-        elif k == self._last and k in self.steps and self.steps[k][0] < self.measure_steps:
+            self._last = k
+            return
+        if k == self._last and k > 0:
+            p = self.passes.setdefault(k, [0, 0])
+            p[0], p[1] = p[0] + tokens, p[1] + rows
+        if k == self._last and k in self.steps and self.steps[k][0] < self.measure_steps:
             # Only an arm's first clean steps count: they are what the arms are compared on, at
             # the call's full concurrency (later steps run fewer rows as rows finish).
             n = self.steps[k]
@@ -319,6 +339,11 @@ class StepArms:
     def step_seconds(self) -> dict[int, float]:
         """Seconds of a clean step by arm, the fastest (the cost the policy keeps, as in rates())."""
         return {k: fastest for k, (n, _, fastest) in self.steps.items() if n}
+
+    def acceptance(self) -> dict[int, float]:
+        """By k > 0: the per-token acceptance that the call's clean steps at k delivered, as the cost
+        model counts it (acceptance_for of their mean tokens per row)."""
+        return {k: acceptance_for(tokens / passes, k) for k, (tokens, passes) in self.passes.items() if passes}
 
     def explored(self) -> bool:
         return len(self.arms) > 1 and all(self.steps[k][0] for k in self.arms)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from batchspec.policy import Acceptance, Costs, LengthProfile, Policy, StepArms, decode_speedup, expected_tokens
+from batchspec.policy import (Acceptance, Costs, LengthProfile, Policy, StepArms, acceptance_for, decode_speedup,
+                              expected_tokens)
 
 
 def costs(batch=1, step=0.030, draft=0.008, verify=None, prefill=0.0004, draft_prefill=0.0001):
@@ -231,3 +232,27 @@ def test_a_call_too_short_to_measure_both_arms_learns_nothing_about_plain():
     assert _run_steps(rule, 4, {4: (0.033, 430), 0: (0.012, 96)}) == [4, 4, 4, 0]  # ends on the switch step
     assert not rule.explored() and set(rule.step_seconds()) == {4}
     assert Costs.from_steps(96, rule.step_seconds(), rule.prefill_s / 1000) is None  # the next call measures again
+
+
+def test_acceptance_for_inverts_expected_tokens():
+    for alpha, k in ((0.0, 4), (0.3, 1), (0.49, 4), (0.9, 4), (0.95, 8)):
+        assert acceptance_for(expected_tokens(alpha, k), k) == pytest.approx(alpha, abs=1e-6)
+    assert acceptance_for(0.5, 4) == pytest.approx(0.0, abs=1e-6)  # below one token a pass: nothing accepted
+    assert acceptance_for(9.0, 4) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_the_acceptance_a_call_measures_agrees_with_its_arms():
+    """The 104M n-gram job's shape: k=4 steps deliver 1.35 tokens per row (the lookup often finds
+    nothing to propose) at 1.54x the cost of a plain step, so plain is faster. The acceptance the
+    rule derives from its steps makes the cost model predict the same; the drafts' own hit rate
+    (0.49) predicted k=4 faster and turned speculation on in the next run."""
+    rule = StepArms((4, 0), measure_steps=2)
+    rows, plain_s, spec_s = 64, 0.100, 0.154
+    ks = _run_steps(rule, 12, {4: (spec_s, round(1.35 * rows)), 0: (plain_s, rows)}, rows=rows)
+    assert rule.k == 0 and ks[-1] == 0
+    (k, alpha), = rule.acceptance().items()
+    assert k == 4 and expected_tokens(alpha, 4) == pytest.approx(round(1.35 * rows) / rows)
+    costs = Costs.from_steps(rows, rule.step_seconds(), 1e-5)
+    measured = rule.rates()[4] / rule.rates()[0]
+    assert decode_speedup(alpha, 4, costs.c, costs.v(4)) == pytest.approx(measured)
+    assert measured < 1 < decode_speedup(0.49, 4, costs.c, costs.v(4))
