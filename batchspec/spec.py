@@ -99,6 +99,10 @@ class SpeculationSpec(_Strict):
         "auto", description="auto: decide per shard from measured costs and acceptance. on: always. off: never.")
     num_speculative_tokens: int = Field(4, ge=1, le=16, description="Draft length k (the start value when adaptive).")
     adaptive: bool = Field(True, description="Adapt k per round from the observed acceptance (else k is fixed).")
+    remember: bool = Field(
+        True, description="Keep what the policy measured (step costs on this node, this job's acceptance and completion "
+        "lengths) for the next run, which then starts from it instead of measuring again; under BATCHSPEC_POLICY_MEMORY "
+        "(default ~/.cache/batchspec/policy). Mode auto only.")
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -154,6 +158,7 @@ class JobSpec(_Strict):
         # make every existing output "a different spec".
         if data["model"]["draft"].get("tree_width") == 1:
             data["model"]["draft"].pop("tree_width")
+        data["speculation"].pop("remember")  # where the policy starts from, not what rows contain
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
     def masked(self) -> dict:

@@ -10,6 +10,9 @@ import pytest
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# Each test's job starts from nothing, whatever ran before it (runner/memory.py); the tests of
+# the memory itself point it at a directory of their own.
+os.environ["BATCHSPEC_POLICY_MEMORY"] = "off"
 
 
 def pytest_collection_modifyitems(items):

@@ -460,6 +460,31 @@ def test_auto_policy_on_vllm_measures_in_the_call_then_decides_from_learned_cost
     assert [r["completion"] for r in rows_of(again)] == hf_reference[1]
 
 
+def test_a_second_run_on_vllm_starts_from_remembered_costs(vllm_backend, tmp_path, hf_reference, monkeypatch):
+    """Policy memory (runner/memory.py) on vllm: a first run measures in its call and saves what it
+    measured; a new actor of the next run (the same engine here, to save a start) decides from it:
+    no measuring steps, no probe, the reason says where its numbers come from, rows unchanged."""
+    from batchspec.runner.plan import plan_shards
+    from batchspec.runner.worker import ShardRunner
+
+    monkeypatch.setenv("BATCHSPEC_POLICY_MEMORY", str(tmp_path / "memory"))
+    first = ShardRunner(_demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto"), "night-1",
+                        engine=vllm_backend)
+    shards = plan_shards(first.spec.input.path)
+    assert all(m["decisions"][0]["reason"].startswith("on (measuring)") for m in first.run_many(shards))
+    spec = first.spec.model_copy(update={"output": first.spec.output.model_copy(update={"path": str(tmp_path / "out2")})})
+    second = ShardRunner(spec, "night-2", engine=vllm_backend)
+    assert second.costs_by_batch.keys() == first.costs_by_batch.keys() and second.policy.prior.estimate is not None
+    manifests = second.run_many(shards)
+    for m in manifests:
+        (d,) = m["decisions"]
+        assert d["reason"].startswith(("on: per-token acceptance", "off: ")) and "measur" not in d["reason"][:40]
+        assert d["numbers"]["remembered"].startswith("job night-1 at ") and m["timings"]["calibrate_s"] == 0
+    rows = [r for m in manifests for r in sorted(second.store.read_part(m["shard"]).to_pylist(),
+                                                  key=lambda r: r["row_index"])]
+    assert [r["completion"] for r in rows] == hf_reference[1]
+
+
 def test_vllm_switches_k_between_engine_steps_without_changing_a_token(vllm_backend, demo_prompt_ids, hf_reference):
     """A step rule (the duck type of policy.StepArms) sets k before every engine step of one call:
     rows equal plain greedy decoding, each step is reported with the k it ran, the steps' tokens

@@ -130,8 +130,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, worker_log
         return
     quiet_foreign_loggers()  # `import ray` installed its console handler; ray.init already logs
     address = address or os.environ.get("RAY_ADDRESS")
-    passed = ("BATCHSPEC_LOG_FORMAT", "BATCHSPEC_LOG_LEVEL", "BATCHSPEC_CACHE", "BATCHSPEC_FAULT_FILE", "HF_HUB_OFFLINE",
-              "VLLM_LOGGING_LEVEL", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "OMP_WAIT_POLICY")
+    passed = ("BATCHSPEC_LOG_FORMAT", "BATCHSPEC_LOG_LEVEL", "BATCHSPEC_CACHE", "BATCHSPEC_POLICY_MEMORY",
+              "BATCHSPEC_FAULT_FILE", "HF_HUB_OFFLINE", "VLLM_LOGGING_LEVEL", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "OMP_WAIT_POLICY")
     env = {"env_vars": {k: os.environ[k] for k in passed if k in os.environ}}
     if address:
         problem = cluster_unreachable(address)

