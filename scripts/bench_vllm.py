@@ -12,10 +12,13 @@ Per job and repetition, each configuration runs in its own process, in a fixed i
 
     bare vLLM plain      LLM(...) then one LLM.generate over every prompt (no Ray, no files)
     bare vLLM spec       the same with the job's speculative config (k = num_speculative_tokens)
-    batchspec vllm auto  `batchspec submit JOB --set model.backend=vllm` (policy on, Ray, Parquet in/out)
+    batchspec vllm auto  `batchspec submit JOB --set model.backend=vllm` (policy on, Ray, Parquet in/out),
+                         as a first run: nothing remembered (an empty BATCHSPEC_POLICY_MEMORY)
+    batchspec vllm auto, remembered   the same as the next run of the job on this node: starting
+                         from what the first run of this repetition measured (runner/memory.py)
     batchspec hf auto    `batchspec submit JOB --set model.backend=hf` (left out with --no-hf)
     batchspec vllm auto+plain   with --plain-engine: the vllm run plus model.vllm_plain_engine=true
-    batchspec vllm auto, Ray up   with --running-ray: the vllm run joining a Ray that is already up
+    batchspec vllm auto, Ray up   with --running-ray: the remembered run joining a Ray that is already up
 
 Reported: generation seconds (bare: the generate call; batchspec: the shards' generate_s, plus the
 policy's cost calibration shown apart), whole-job wall seconds and start-up (engine load; for
@@ -103,14 +106,17 @@ def bare(spec, prompt_ids, speculative: bool) -> dict:
     return {**res, "wall_s": wall, "calibrate_s": 0.0}
 
 
-def batchspec(job: Path, backend: str, out_dir: Path, *sets: str, address: str | None = None) -> dict:
+def batchspec(job: Path, backend: str, out_dir: Path, *sets: str, address: str | None = None,
+              memory: Path | None = None) -> dict:
+    """One `batchspec submit`; memory: the policy memory directory its actors start from (and write)."""
     from batchspec.runner.store import OutputStore
 
     t = time.perf_counter()
     extra = [arg for item in sets for arg in ("--set", item)] + (["--address", address] if address else [])
+    env = {**os.environ, **({"BATCHSPEC_POLICY_MEMORY": str(memory)} if memory else {})}
     proc = subprocess.run([str(Path(sys.executable).parent / "batchspec"), "submit", str(job), "--quiet",
                            "--set", f"model.backend={backend}", "--set", f"output.path={out_dir}", *extra],
-                          capture_output=True, text=True, cwd=ROOT)
+                          capture_output=True, text=True, cwd=ROOT, env=env)
     wall = time.perf_counter() - t
     if proc.returncode != 0:
         raise RuntimeError(f"batchspec submit ({backend}) failed:\n{proc.stderr[-3000:]}")
@@ -123,6 +129,20 @@ def batchspec(job: Path, backend: str, out_dir: Path, *sets: str, address: str |
     return {"generate_s": gen, "calibrate_s": calib, "wall_s": wall, "start_s": wall - total,
             "tokens": sum(r["completion_tokens"] for r in rows), "by_id": {r["id"]: r["completion"] for r in rows},
             "decisions": {s: [d["reason"] for d in m["decisions"]] for s, m in sorted(ms.items())}}
+
+
+def remembered(tmp: Path, name: str, rep: int, slug: str) -> Path:
+    """A copy of the policy memory the first (nothing remembered) vllm run of this repetition left:
+    what the job's next run on this node starts from. Each remembered run gets its own copy, so
+    one does not start from another's."""
+    import shutil
+
+    first = tmp / f"memory-{name}-{rep}-batchspec_vllm_auto"
+    if not first.is_dir():
+        raise RuntimeError(f"no policy memory from the first run at {first}")
+    dest = tmp / f"memory-{name}-{rep}-{slug}"
+    shutil.copytree(first, dest)
+    return dest
 
 
 class RunningRay:
@@ -390,7 +410,7 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     results: dict = {"threads": os.cpu_count(), "busy_neighbour": args.busy, "jobs": {}}
-    configs = ["bare vLLM plain", "bare vLLM spec", "batchspec vllm auto"]
+    configs = ["bare vLLM plain", "bare vLLM spec", "batchspec vllm auto", "batchspec vllm auto, remembered"]
     configs += ["batchspec vllm auto+plain"] if args.plain_engine else []
     configs += ["batchspec vllm auto, Ray up"] if args.running_ray else []
     configs += [] if args.no_hf else ["batchspec hf auto"]
@@ -406,10 +426,14 @@ def main() -> None:
                         r["by_id"] = dict(zip(ids, r.pop("completions")))
                     elif config.endswith("Ray up"):
                         with RunningRay() as address:
-                            r = batchspec(job, "vllm", tmp / f"out-{name}-{rep}-rayup", address=address)
+                            r = batchspec(job, "vllm", tmp / f"out-{name}-{rep}-rayup", address=address,
+                                          memory=remembered(tmp, name, rep, "rayup"))
                     else:
                         sets = ["model.vllm_plain_engine=true"] if config.endswith("+plain") else []
-                        r = batchspec(job, config.split()[1], tmp / f"out-{name}-{rep}-{config.replace(' ', '_')}", *sets)
+                        slug = config.replace(' ', '_').replace(',', '')
+                        memory = (remembered(tmp, name, rep, slug) if config.endswith("remembered")
+                                  else tmp / f"memory-{name}-{rep}-{slug}")  # empty: a first run
+                        r = batchspec(job, config.split()[1], tmp / f"out-{name}-{rep}-{slug}", *sets, memory=memory)
                 runs.setdefault(config, []).append(r)
                 print(f"{name} rep {rep}: {config:<26} generate {r['generate_s']:6.2f}s  wall {r['wall_s']:6.1f}s",
                       flush=True)
@@ -436,10 +460,10 @@ def main() -> None:
             print(f"{config:<27}{t['generate_s']:>11.2f}{t['generate_s'] / best:>12.2f}x{t['calibrate_s']:>8.2f}"
                   f"{t['wall_s']:>8.1f}{t['start_s']:>8.1f}{t['tok_s']:>8.0f}"
                   + (f"{t['agree']:>5}/{t['rows']}" if t["agree"] is not None else "     n/a"))
-        for config in ("batchspec vllm auto", "batchspec vllm auto, Ray up"):
+        for config in ("batchspec vllm auto", "batchspec vllm auto, remembered", "batchspec vllm auto, Ray up"):
             if config in table:
                 print(f"whole-job wall, {config} vs best bare vLLM: {table[config]['wall_s'] / best_wall:.2f}x")
-        for config in ("batchspec vllm auto", "batchspec vllm auto+plain"):
+        for config in ("batchspec vllm auto", "batchspec vllm auto, remembered", "batchspec vllm auto+plain"):
             for shard, reasons in ((table.get(config) or {}).get("decisions") or {}).items():
                 print(f"  {config}, {shard}: {' | '.join(reasons)}")
         results["jobs"][name] = table
