@@ -170,6 +170,10 @@ def submit(
 
     An actor killed mid-shard (out of memory, a lost node) is restarted and the shard retried, 3
     attempts in all; a shard that kills its actor every time then fails alone (docs/operations.md).
+
+    With speculation.mode auto, each actor starts from what the job's last run measured on its
+    node (costs, acceptance; ~/.cache/batchspec/policy, or BATCHSPEC_POLICY_MEMORY; "off" or
+    --set speculation.remember=false to start from nothing; docs/policy.md).
     """
     _run(job, set_, address, force, quiet, log_format, require_existing=False, worker_logs=worker_logs)
 
