@@ -35,24 +35,29 @@ def _spec(models_dir, tmp_path, out: str, **speculation):
 
 
 def test_a_second_run_starts_from_the_first_runs_costs_and_acceptance(models_dir, tmp_path, memory_dir):
-    """hf: the first run calibrates and probes; the second, a new actor on the same node, does
-    neither, says where its numbers come from, and writes the same rows."""
+    """hf: the first run calibrates (and probes, when its costs let speculation pay at all); the
+    second, a new actor on the same node, does neither, says where its numbers come from, and
+    writes the same rows. Which way the decision goes depends on the costs this machine measures
+    (on a busy one the draft is "too costly"), so the test holds either way."""
     from batchspec.runner.worker import ShardRunner
 
     first = ShardRunner(_spec(models_dir, tmp_path, "a"), "job-1")
     (m1,) = first.run_many(plan_shards(str(tmp_path / "in")))
-    assert m1["timings"]["calibrate_s"] > 0 and "probe" in m1["decisions"][0]["reason"]
+    assert m1["timings"]["calibrate_s"] > 0
     files = sorted(p.name.split("-")[0] for p in memory_dir.iterdir())
     assert files == ["costs", "job"]
     saved = json.loads(next(memory_dir.glob("job-*.json")).read_text())
-    assert saved["job_id"] == "job-1" and saved["acceptance"]["trials"] > 0 and len(saved["new_tokens"]) == 8
+    assert saved["job_id"] == "job-1" and len(saved["new_tokens"]) == 8
+    assert saved["acceptance"]["trials"] == pytest.approx(first.policy.prior.trials)
     assert "lease" not in json.dumps(saved) + next(memory_dir.glob("costs-*.json")).read_text()  # counts only
 
     stamp = json.loads(next(memory_dir.glob("costs-*.json")).read_text())["measured_at"]
     second = ShardRunner(_spec(models_dir, tmp_path, "b"), "job-2")
     assert second.costs_by_batch.keys() == first.costs_by_batch.keys()
     assert second.policy.prior.trials == pytest.approx(min(PRIOR_TRIALS, first.policy.prior.trials))
-    assert second.policy.prior.estimate == pytest.approx(first.policy.prior.estimate)
+    if first.policy.prior.estimate is not None:  # it speculated: the same estimate, fewer trials
+        assert second.policy.prior.estimate == pytest.approx(first.policy.prior.estimate)
+    assert second.policy.new_tokens_seen == saved["new_tokens"]
     (m2,) = second.run_many(plan_shards(str(tmp_path / "in")))
     assert m2["timings"]["calibrate_s"] == 0
     d = m2["decisions"][0]
@@ -143,3 +148,16 @@ def test_costs_age_from_the_run_that_measured_them(models_dir, tmp_path, memory_
         costs_again, _, new_tokens, _ = PolicyMemory.for_spec(_spec(models_dir, tmp_path, "a"), "hf").load()
     assert costs_again == {} and new_tokens == [5, 6, 7]
     assert any("measuring again" in r.message for r in caplog.records)
+
+
+def test_the_memory_files_name_vllm_args_but_keep_no_values(models_dir, tmp_path, memory_dir):
+    from batchspec.policy import Acceptance, Costs
+
+    spec = _spec(models_dir, tmp_path, "a")
+    spec = spec.model_copy(update={"model": spec.model.model_copy(update={"vllm_args": {"hf_token": "hf_s3cr3t"}})})
+    mem = PolicyMemory.for_spec(spec, "vllm")
+    assert mem.costs_path != PolicyMemory.for_spec(_spec(models_dir, tmp_path, "a"), "vllm").costs_path
+    mem.save({8: Costs(8, 0.01, 0.0, {4: 0.02}, 0.001)}, Acceptance(9.0, 10.0), [5], "night-1")
+    for path in (mem.costs_path, mem.job_path):
+        text = path.read_text()
+        assert "hf_s3cr3t" not in text and '"hf_token"' in text

@@ -48,7 +48,8 @@ NEW_TOKENS_KEPT = 256  # the window Policy.expected_new_tokens averages over
 
 
 def memory_root() -> Path | None:
-    """Where this node keeps policy memory; None when BATCHSPEC_POLICY_MEMORY is "off"."""
+    """Where this node keeps policy memory; None when BATCHSPEC_POLICY_MEMORY is "off" (or when
+    there is no home directory to put it in)."""
     where = os.environ.get("BATCHSPEC_POLICY_MEMORY", "")
     if where.lower() == "off":
         return None
@@ -56,7 +57,18 @@ def memory_root() -> Path | None:
         return Path(where)
     from ..engine.models import cache_root
 
-    return cache_root() / "policy"
+    try:
+        return cache_root() / "policy"
+    except RuntimeError as e:  # Path.home() without HOME or a passwd entry
+        log.warning("no policy memory on this node (%s); set BATCHSPEC_POLICY_MEMORY to keep it", e)
+        return None
+
+
+def _readable(key: dict) -> dict:
+    """The key as written into the file for people to read: vllm_args by name only (their values
+    count in the hash; one could be a token)."""
+    model = key.get("model", {})
+    return {**key, "model": {**model, "vllm_args": sorted(model.get("vllm_args") or {})}}
 
 
 def _device_name(device: str) -> str:
@@ -181,10 +193,12 @@ class PolicyMemory:
                 loaded, by, at = self._costs_loaded or (None, job_id, now)
                 if data != loaded:
                     by, at = job_id, now
-                self._write(self.costs_path, {"job_id": by, "measured_at": at, "key": self.costs_key, "costs": data})
+                self._write(self.costs_path, {"job_id": by, "measured_at": at, "key": _readable(self.costs_key),
+                                             "costs": data})
                 self._costs_loaded = (data, by, at)
             if prior.trials > 0 or new_tokens:
-                self._write(self.job_path, {"job_id": job_id, "measured_at": now, "key": self.job_key,
+                key = {**self.job_key, "costs": _readable(self.costs_key)}
+                self._write(self.job_path, {"job_id": job_id, "measured_at": now, "key": key,
                                             "acceptance": {"accepted": prior.accepted, "trials": prior.trials},
                                             "new_tokens": new_tokens[-NEW_TOKENS_KEPT:]})
         except OSError as e:
