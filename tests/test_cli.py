@@ -88,7 +88,11 @@ def interrupt_when(job: Path, tmp_path, *markers: str) -> tuple[int, str]:
     code, stderr)."""
     err = tmp_path / "stderr.txt"
     with open(err, "w") as f:
-        proc = subprocess.Popen([BATCHSPEC, "submit", str(job)], stderr=f, stdout=subprocess.DEVNULL)
+        # As a shell starts a foreground command: SIGINT at its default. A background job of a shell
+        # without job control (`bash -c '... &'`, how CI may run) inherits it ignored, and Python
+        # then never raises KeyboardInterrupt: these tests failed that way, not batchspec.
+        proc = subprocess.Popen([BATCHSPEC, "submit", str(job)], stderr=f, stdout=subprocess.DEVNULL,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         for marker in markers:
             deadline = time.time() + 240
             while marker not in err.read_text() and time.time() < deadline and proc.poll() is None:
@@ -122,6 +126,23 @@ def test_ctrl_c_while_ray_starts_records_nothing_and_says_submit(models_dir, tmp
     assert "Traceback" not in text, text
     assert not (tmp_path / "early-out" / "_batchspec" / "job.json").exists()
     assert not (tmp_path / "early-out" / "_batchspec" / "lease.json").exists()
+
+
+def test_a_run_started_with_sigint_ignored_keeps_ignoring_it():
+    """A background job of a shell without job control starts with SIGINT ignored, and Python
+    raises no KeyboardInterrupt then; the deferral around Ray's start must not install a handler
+    that undoes it (the run would stop at a Ctrl-C meant for the shell's foreground job)."""
+    from batchspec.runner.job import _ctrl_c_kept
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with _ctrl_c_kept():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_ctrl_c_after_the_summary_is_ignored_while_ray_stops(models_dir, tmp_path):

@@ -251,7 +251,9 @@ def _ctrl_c_kept():
     local Ray takes ~2.5 s); a second one at once. Raised where it lands, a Ctrl-C during `import
     ray` could be swallowed by module registration code, printed as "Exception ignored in: <module
     'collections.abc'> ... KeyboardInterrupt", and the job then ran to its end (seen in CI)."""
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Ignored: started in the background by a shell without job control, which asks exactly that
+        # (Python then installs no KeyboardInterrupt either); a handler here would undo it.
         yield
         return
     pressed = []
