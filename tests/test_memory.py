@@ -161,3 +161,17 @@ def test_the_memory_files_name_vllm_args_but_keep_no_values(models_dir, tmp_path
     for path in (mem.costs_path, mem.job_path):
         text = path.read_text()
         assert "hf_s3cr3t" not in text and '"hf_token"' in text
+
+
+def test_a_relative_model_path_is_remembered_by_where_it_points(models_dir, tmp_path, memory_dir, monkeypatch):
+    import shutil
+
+    for d in ("a", "b"):
+        shutil.copytree(models_dir / "llama-target", tmp_path / d / "target")
+    keys = []
+    for d in ("a", "b"):
+        monkeypatch.chdir(tmp_path / d)
+        spec = _spec(models_dir, tmp_path, "out")
+        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"target": "target"})})
+        keys.append(PolicyMemory.for_spec(spec, "hf").costs_path)
+    assert keys[0] != keys[1]

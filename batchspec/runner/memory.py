@@ -104,6 +104,11 @@ def _engine_version(backend: str) -> str:
     return f"torch {torch.__version__}"
 
 
+def _absolute(source: str) -> str:
+    """A local checkpoint path made absolute; hub ids and s3:// URIs as they are."""
+    return os.path.abspath(source) if os.path.exists(source) else source
+
+
 def _digest(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -126,6 +131,10 @@ class PolicyMemory:
         import torch
 
         model = spec.model.model_dump(mode="json", exclude={"storage_options"})
+        # A relative local path names different checkpoints from different directories.
+        model["target"] = _absolute(model["target"])
+        if model["draft"].get("path"):
+            model["draft"]["path"] = _absolute(model["draft"]["path"])
         costs_key = {"batchspec": __version__, "backend": backend, "engine": _engine_version(backend),
                      "device": _device_name(spec.model.device), "threads": torch.get_num_threads(),
                      "cpus_per_actor": spec.resources.cpus_per_actor,
