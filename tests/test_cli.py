@@ -102,6 +102,26 @@ def interrupt_when(job: Path, tmp_path, *markers: str) -> tuple[int, str]:
     return code, err.read_text()
 
 
+def test_a_jobs_second_run_starts_from_the_memory_its_first_left(models_dir, tmp_path):
+    """The user's path for the policy memory: BATCHSPEC_POLICY_MEMORY set where `submit` runs
+    reaches the actors of the Ray it starts; the second run calibrates nothing and says where its
+    numbers come from. (A local Ray's workers inherit the driver's environment anyway; that the
+    driver passes the variable to a cluster started without it showed in the bench's Ray-up runs,
+    which decided from memory: docs/benchmarks.md.)"""
+    job = write_job(models_dir, tmp_path, name="nightly")
+    env = {**os.environ, "BATCHSPEC_POLICY_MEMORY": str(tmp_path / "memory")}
+    for out in ("night1", "night2"):
+        res = subprocess.run([BATCHSPEC, "submit", str(job), "--quiet", "--set", f"output.path={tmp_path / out}"],
+                             capture_output=True, text=True, timeout=300, env=env)
+        assert res.returncode == 0, res.stderr
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "memory").iterdir()) == ["costs", "job"]
+    manifests = [json.loads(p.read_text()) for p in (tmp_path / "night2" / "_batchspec" / "shards").glob("*.json")]
+    assert len(manifests) == 3 and all(m["timings"]["calibrate_s"] == 0 for m in manifests)
+    # The actor's first call says so (its later ones rest on this run's own measurements too).
+    first = [d for m in manifests for d in m["decisions"] if "measured on this node)" in d["reason"]]
+    assert len(first) == 1 and first[0]["numbers"]["remembered"].startswith("job nightly-"), manifests
+
+
 def test_ctrl_c_records_the_run_and_says_how_to_continue(models_dir, tmp_path):
     job = write_job(models_dir, tmp_path, shards=12, rows=40, max_new=128)
     code, text = interrupt_when(job, tmp_path, " rows | so far: ")
