@@ -88,6 +88,11 @@ class Costs:
         return self.verify_s[lo] * (1 - w) + self.verify_s[hi] * w
 
     @classmethod
+    def from_json(cls, data: dict) -> "Costs":
+        """Costs as a manifest or the policy memory wrote them (JSON made verify_s's keys strings)."""
+        return cls(**{**data, "verify_s": {int(k): float(v) for k, v in data["verify_s"].items()}})
+
+    @classmethod
     def from_steps(cls, batch_size: int, step_s: dict[int, float], prefill_token_s: float,
                    draft_prefill_token_s: float = 0.0) -> "Costs | None":
         """Costs of an engine that times whole steps (vLLM): step_s[0] a plain step, step_s[k] a step

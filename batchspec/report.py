@@ -53,7 +53,7 @@ def _saving_s(rows: pl.DataFrame, manifests: dict[str, dict]) -> float:
     for shard, m in manifests.items():
         if not m.get("costs"):
             continue
-        costs = Costs(**{**m["costs"], "verify_s": {int(k): v for k, v in m["costs"]["verify_s"].items()}})
+        costs = Costs.from_json(m["costs"])
         spec = rows.filter((pl.col("shard") == shard) & pl.col("spec_enabled") & (pl.col("batch_size") > 0))
         for r in spec.iter_rows(named=True):
             k = r["num_speculative_tokens"] or 1

@@ -131,7 +131,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, worker_log
     quiet_foreign_loggers()  # `import ray` installed its console handler; ray.init already logs
     address = address or os.environ.get("RAY_ADDRESS")
     passed = ("BATCHSPEC_LOG_FORMAT", "BATCHSPEC_LOG_LEVEL", "BATCHSPEC_CACHE", "BATCHSPEC_POLICY_MEMORY",
-              "BATCHSPEC_FAULT_FILE", "HF_HUB_OFFLINE", "VLLM_LOGGING_LEVEL", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "OMP_WAIT_POLICY")
+              "BATCHSPEC_FAULT_FILE", "HF_HUB_OFFLINE", "VLLM_LOGGING_LEVEL", "VLLM_CPU_KVCACHE_SPACE",
+              "VLLM_CPU_OMP_THREADS_BIND", "OMP_WAIT_POLICY")
     env = {"env_vars": {k: os.environ[k] for k in passed if k in os.environ}}
     if address:
         problem = cluster_unreachable(address)
@@ -251,7 +252,8 @@ def _ctrl_c_kept():
     local Ray takes ~2.5 s); a second one at once. Raised where it lands, a Ctrl-C during `import
     ray` could be swallowed by module registration code, printed as "Exception ignored in: <module
     'collections.abc'> ... KeyboardInterrupt", and the job then ran to its end (seen in CI)."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if threading.current_thread() is not threading.main_thread() or ignored:
         # Ignored: started in the background by a shell without job control, which asks exactly that
         # (Python then installs no KeyboardInterrupt either); a handler here would undo it.
         yield

@@ -21,9 +21,9 @@ from every call as before, and a remembered acceptance counts as at most PRIOR_T
 the first call of a run outweighs it. A run that decides "off" from memory measures nothing, and
 would go on deciding from the same numbers every night: so remembered costs are used for
 MAX_AGE_DAYS after the run that last measured them (their file keeps that run's measured_at),
-then the job measures again as if new, acceptance included. A file that cannot be read is ignored with one warning (the run
-measures as if it were new); writes go through a temporary file and a rename, so a killed actor
-leaves the last good file.
+then the job measures again as if new, acceptance included. A file that cannot be read is
+ignored with one warning (the run measures as if it were new); writes go through a temporary
+file and a rename, so a killed actor leaves the last good file.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import logging
 import os
 import platform
 import tempfile
+from dataclasses import asdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -109,6 +110,11 @@ def _absolute(source: str) -> str:
     return os.path.abspath(source) if os.path.exists(source) else source
 
 
+def _as_dicts(costs: dict[int, Costs]) -> dict[int, dict]:
+    """A copy of the costs as plain data: what is written, and what tells whether a run changed them."""
+    return {b: asdict(c) for b, c in costs.items()}
+
+
 def _digest(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -166,11 +172,9 @@ class PolicyMemory:
                 log.info("policy memory %s was measured %.1f days ago (more than %g); measuring again",
                          self.costs_path.name, age.total_seconds() / 86400, MAX_AGE_DAYS)
             elif data:
-                for b, c in data["costs"].items():
-                    c = dict(c, verify_s={int(k): float(v) for k, v in c["verify_s"].items()})
-                    costs[int(b)] = Costs(**c)
+                costs = {int(b): Costs.from_json(c) for b, c in data["costs"].items()}
                 source = f"job {data['job_id']} at {data['measured_at']}"
-                self._costs_loaded = (self._costs_json(costs), data["job_id"], data["measured_at"])
+                self._costs_loaded = (_as_dicts(costs), data["job_id"], data["measured_at"])
             data = self._read(self.job_path)
             if data:
                 a = data["acceptance"]
@@ -186,10 +190,6 @@ class PolicyMemory:
             return {}, None, [], None
         return costs, prior, new_tokens, source
 
-    @staticmethod
-    def _costs_json(costs: dict[int, Costs]) -> dict:
-        return {str(b): dict(c.__dict__, verify_s={str(k): v for k, v in c.verify_s.items()}) for b, c in costs.items()}
-
     def save(self, costs: dict[int, Costs], prior: Acceptance, new_tokens: list[int], job_id: str) -> None:
         """Write both files (atomically each). Costs this run left as they were keep the stamp of the
         run that measured them, which is what their age counts from. A failure to write is a
@@ -198,7 +198,7 @@ class PolicyMemory:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             if costs:
-                data = self._costs_json(costs)
+                data = _as_dicts(costs)
                 loaded, by, at = self._costs_loaded or (None, job_id, now)
                 if data != loaded:
                     by, at = job_id, now
