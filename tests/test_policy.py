@@ -256,3 +256,32 @@ def test_the_acceptance_a_call_measures_agrees_with_its_arms():
     measured = rule.rates()[4] / rule.rates()[0]
     assert decode_speedup(alpha, 4, costs.c, costs.v(4)) == pytest.approx(measured)
     assert measured < 1 < decode_speedup(0.49, 4, costs.c, costs.v(4))
+
+
+def test_a_decided_call_turns_plain_when_its_own_steps_say_speculation_no_longer_pays():
+    """A call decided from known costs and an acceptance seen before it (earlier shards, or an
+    earlier run's memory) checks what its own steps deliver: once they have made 64 row passes over
+    at least 2 clean steps, an acceptance that predicts less than break-even turns the rest of the
+    call plain, and only once. Costs of the demo's shape: a k=4 step costs 3x a plain one."""
+    costs = Costs.from_steps(96, {0: 0.010, 4: 0.030}, 1e-5)
+
+    def guard(alpha):
+        return decode_speedup(alpha, 4, costs.c, costs.v(4))
+
+    assert guard(0.91) > 1.05 > 1.0 > guard(0.28)  # decided on at 0.91; 0.28 loses
+    bad = StepArms((4,), guard=guard)
+    ks = _run_steps(bad, 10, {4: (0.030, round(1.37 * 96)), 0: (0.010, 96)})  # E(0.28, 4) = 1.37 tokens a pass
+    assert ks == [4, 4, 4] + [0] * 7  # prefill, 2 clean steps at k=4, then plain to the end
+    assert bad.settled and bad.stopped["k"] == 4 and bad.stopped["steps"] == 2
+    assert bad.stopped["acceptance"] == pytest.approx(0.28, abs=0.01) and bad.stopped["predicted_speedup"] < 1
+    assert bad.acceptance()[4] == pytest.approx(0.28, abs=0.01)  # what the policy learns from the call
+
+    good = StepArms((4,), guard=guard)
+    assert _run_steps(good, 10, {4: (0.030, round(4.1 * 96))}) == [4] * 10 and good.stopped is None
+
+    few = StepArms((4,), guard=guard)  # 8 rows: 64 row passes take 8 clean steps
+    assert _run_steps(few, 12, {4: (0.030, 11), 0: (0.010, 8)}, rows=8) == [4] * 9 + [0] * 3
+    assert few.stopped["row_passes"] == 64
+
+    # No guard where the call measures its arms, or runs plain: the arms decide there.
+    assert StepArms((4, 0), guard=guard).guard is None and StepArms((0,), guard=guard).guard is None

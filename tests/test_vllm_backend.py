@@ -485,6 +485,48 @@ def test_a_second_run_on_vllm_starts_from_remembered_costs(vllm_backend, tmp_pat
     assert [r["completion"] for r in rows] == hf_reference[1]
 
 
+def test_a_decided_call_whose_rows_draft_badly_turns_plain_mid_call(vllm_backend, tmp_path):
+    """A call decided from known costs and an acceptance seen before it (0.91 over 64 trials, as the
+    legal job's memory gives a next run) on rows the draft cannot follow (random tokens: ~0.28): after two clean
+    steps the call runs plain to its end, skipping the draft; the manifest says why, the rows are
+    those of plain decoding, and the policy leaves the call knowing the low acceptance. Costs are
+    given (a k=4 step at 2x a plain one) so that no timing of this machine decides the test."""
+    import random
+
+    import pyarrow as pa
+
+    from batchspec.policy import Costs
+    from batchspec.runner.plan import plan_shards
+    from batchspec.runner.worker import ShardRunner
+
+    tok = vllm_backend.tokenizer
+    rng = random.Random(1)
+    noise = [{"doc_id": f"n{i}", "contract": tok.decode([rng.randrange(100, tok.vocab_size) for _ in range(60)])}
+             for i in range(48)]
+    spec = _demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto")
+    inp = tmp_path / "noise"
+    inp.mkdir()
+    pq.write_table(pa.Table.from_pylist(noise), inp / "noise.parquet")
+    spec = spec.model_copy(update={"input": spec.input.model_copy(update={"path": str(inp)})})
+    runner = ShardRunner(spec, "job-noise", engine=vllm_backend)
+    runner.costs_by_batch[32] = Costs.from_steps(32, {0: 0.010, 4: 0.020}, 1e-6)  # 48 rows run at concurrency 32
+    runner.policy.prior.observe(58, 6)
+    (m,) = runner.run_many(plan_shards(spec.input.path))
+    decided, stopped = m["decisions"]
+    assert decided["reason"].startswith("on: per-token acceptance 0.91, k=4") and decided["k"] == 4
+    assert stopped["reason"].startswith("off for the rest of the call: its steps at k=4 delivered per-token "
+                                        "acceptance ") and not stopped["speculate"]
+    assert stopped["alpha"] < 0.5 and stopped["predicted_speedup"] < 1.0 and stopped["numbers"]["steps"] == 2
+    rows = sorted(runner.store.read_part(m["shard"]).to_pylist(), key=lambda r: r["row_index"])
+    ids = [r.token_ids for r in sorted(runner._open(plan_shards(spec.input.path)[0]).valid, key=lambda r: r.row_index)]
+    plain, _ = vllm_backend.generate(ids, 48, stop=("\n",), speculate=False)
+    assert [r["completion"] for r in rows] == [o.text for o in plain]
+    # Drafted for in the steps before the switch only: a call left at k=4 drafts ~4 tokens a row a step.
+    assert 0 < sum(r["draft_tokens"] for r in rows) <= 4 * 4 * len(rows)
+    assert all(r["spec_enabled"] == (r["draft_tokens"] > 0) and r["num_speculative_tokens"] in (4, None) for r in rows)
+    assert runner.policy.prior.estimate < 0.6  # the next call (and the next run's memory) starts from it
+
+
 def test_vllm_switches_k_between_engine_steps_without_changing_a_token(vllm_backend, demo_prompt_ids, hf_reference):
     """A step rule (the duck type of policy.StepArms) sets k before every engine step of one call:
     rows equal plain greedy decoding, each step is reported with the k it ran, the steps' tokens

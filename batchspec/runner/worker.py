@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import error_line
-from ..policy import Costs, CostModelK, Decision, LengthProfile, Policy, StepArms
+from ..policy import Costs, CostModelK, Decision, LengthProfile, Policy, StepArms, decode_speedup
 from ..rates import acceptance_rate
 from ..spec import JobSpec
 from .plan import Shard
@@ -273,7 +273,11 @@ class ShardRunner:
         from ..engine import FixedK
 
         if self.learns_costs:  # vllm: k per engine step; plain steps measured too while costs are unknown
-            return StepArms((k,) if self.concurrency(rows) in self.costs_by_batch else (k, 0))
+            costs = self.costs_by_batch.get(self.concurrency(rows))
+            if costs is None:
+                return StepArms((k, 0))
+            # Decided from known costs: the call still checks the acceptance its own steps deliver.
+            return StepArms((k,), guard=lambda alpha: decode_speedup(alpha, k, costs.c, costs.v(k)))
         if not self.engine.per_round_k:  # vllm: k is set per call, by the policy between blocks
             return FixedK(k)
 
@@ -511,6 +515,14 @@ class ShardRunner:
         elif (costs := Costs.from_steps(b, steps, prefill, draft_prefill)) is not None:
             self.costs_by_batch[b] = costs
         self.policy.costs = self.costs_by_batch.get(b)
+        if rule.stopped:  # the call's own acceptance said speculation no longer pays
+            seen = rule.stopped
+            assumed = f" where the decision assumed {decision.alpha:.2f}" if decision.alpha is not None else ""
+            return self._record(batch, Decision(
+                False, 0, f"off for the rest of the call: its steps at k={seen['k']} delivered per-token acceptance "
+                f"{seen['acceptance']:.2f} over {seen['row_passes']} row passes{assumed}, predicted "
+                f"{seen['predicted_speedup']:.2f}x", seen["predicted_speedup"], seen["acceptance"], decision.at_row,
+                {**seen, "rows": len(batch)}))
         if not rule.explored():
             return decision
         rates = rule.rates()  # measured speedup: speculative steps' tokens per second over plain steps'
@@ -518,10 +530,14 @@ class ShardRunner:
                         self.policy.prior.estimate, decision.at_row,
                         {"tokens_per_s": {str(k): round(v, 1) for k, v in rates.items()}, "k": decision.k,
                          "rows": rule.rows})
+        return self._record(batch, kept)
+
+    def _record(self, batch: list, decision: Decision) -> Decision:
+        """A decision taken inside a call, in the manifest of each shard the call ran rows of."""
         for work in {id(w): w for w, _ in batch}.values():
-            work.decisions.append(kept)
-            log_event(log, f"policy: {kept.reason}", job=self.job_id, shard=work.shard.shard, at_row=work.done)
-        return kept
+            work.decisions.append(decision)
+            log_event(log, f"policy: {decision.reason}", job=self.job_id, shard=work.shard.shard, at_row=work.done)
+        return decision
 
     def _commit(self, work: "ShardWork") -> dict:
         shard, rows_in = work.shard, work.rows_in
