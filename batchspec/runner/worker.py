@@ -495,12 +495,8 @@ class ShardRunner:
             # of more rows than the engine runs at once has almost none: as rows finish it admits
             # the next ones in every step. The first max_num_seqs rows measure; the rest follow
             # in one call under what they measured.
-            first, batch = batch[:self.engine.max_batch], batch[self.engine.max_batch:]
-            kept = self._generate_block(first, decision)
-            if kept is not decision:  # what the first rows kept, in the manifests of the rest's shards too
-                measured = {id(w) for w, _ in first}
-                self._record([(w, r) for w, r in batch if id(w) not in measured], kept)
-            decision = kept
+            decision = self._generate_block(batch[:self.engine.max_batch], decision)
+            batch = batch[self.engine.max_batch:]
             rule = self.draft_length(decision.k, len(batch)) if decision.speculate else None
         outs = self._call([r for _, r in batch], self.spec.generation.max_new_tokens, decision.speculate, rule)
         self.policy.observe_rows([o.stats.completion_tokens for o in outs if o.error is None])
