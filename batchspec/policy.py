@@ -304,17 +304,10 @@ class StepArms:
     s where plain takes 0.73-0.78 s."""
 
     def __init__(self, arms: tuple[int, ...], measure_steps: int = 2,
-                 guard: Callable[[float], float] | None = None, guard_passes: int = 64, rows: int = 0):
+                 guard: Callable[[float], float] | None = None, guard_passes: int = 64):
         self.arms = tuple(dict.fromkeys(arms))
         self.measure_steps = measure_steps
-        self.full = rows  # the rows the call runs at once (0: not known)
-        self.prefill_tokens = 0  # prompt tokens computed by the steps that only prefilled
-        # Plain is measured first: rows finish as a call goes on, and a k > 0 step finishes them
-        # several tokens at a time, so the arm measured second runs fewer rows. Measured k=4 first,
-        # a 256-row demo call timed plain at 99-112 rows against k=4 at 192-252; the plain step
-        # looked half its cost and the learned costs said "prefill-dominated" for the next calls.
-        self.order = sorted(self.arms)
-        self.k = self.order[0]
+        self.k = self.arms[0]
         self.settled = len(self.arms) == 1
         self.steps = {k: [0, 0, float("inf")] for k in self.arms}  # k -> [clean steps, fastest step's tokens, its seconds]
         self.prefill_s = 0.0  # the target's part of the prefill steps
@@ -328,7 +321,7 @@ class StepArms:
 
     def next_k(self) -> int:
         if not self.settled:
-            todo = [k for k in self.order if self.steps[k][0] < self.measure_steps]
+            todo = [k for k in self.arms if self.steps[k][0] < self.measure_steps]
             if todo:
                 self.k = todo[0]
             else:
@@ -349,45 +342,27 @@ class StepArms:
                             "steps": steps, "row_passes": passes}
             self.k = 0
 
-    def observe_step(self, k: int, seconds: float, tokens: int, rows: int, prefill: bool, draft_s: float = 0.0,
-                     prefill_tokens: int = 0, decoding: int | None = None) -> None:
+    def observe_step(self, k: int, seconds: float, tokens: int, rows: int, prefill: bool, draft_s: float = 0.0) -> None:
         """seconds: the step's cost as this arm will pay it; draft_s: the draft's time, where the
         engine measured it apart and left it out of seconds (a prefill step's, or a plain step's
-        whose draft runs only while measuring). prefill_tokens: the prompt tokens a prefill step
-        computed; decoding: the rows that were past their prefill before it (None: not known).
-
-        Only a step that prefills alone tells what prompts cost. In a call of more rows than the
-        engine runs at once, almost every step also decodes the running rows while admitting the
-        next ones; counting those as prefill made the demo job on 6,144 contracts look
-        prefill-dominated ("predicted 0.83x even at acceptance 1.0") where speculation is 1.11x
-        faster. Such a step still tells acceptance, from its decoding rows."""
+        whose draft runs only while measuring)."""
         if prefill:
-            if not decoding:
-                self.prefill_s += seconds
-                self.draft_prefill_s += draft_s
-                self.prefill_tokens += prefill_tokens
-            elif k == self._last and k > 0:  # each row it admitted emitted its first token
-                self._pass(k, tokens - (rows - decoding), decoding)
+            self.prefill_s += seconds
+            self.draft_prefill_s += draft_s
             self._last = k
             return
         if k == self._last and k > 0:
-            self._pass(k, tokens, rows)
-        # Only an arm's first clean steps count: they are what the arms are compared on, at the
-        # call's start (later steps run fewer rows as rows finish). A decided call's one arm only
-        # refreshes its cost, and in a call of more rows than run at once its first clean steps
-        # may come at the tail: there a step under 3/4 of the call's rows is not counted.
-        tail = len(self.arms) == 1 and 4 * rows < 3 * self.full
-        if k == self._last and k in self.steps and self.steps[k][0] < self.measure_steps and not tail:
+            p = self.passes.setdefault(k, [0, 0, 0])
+            p[0], p[1], p[2] = p[0] + tokens, p[1] + rows, p[2] + 1
+        if k == self._last and k in self.steps and self.steps[k][0] < self.measure_steps:
+            # Only an arm's first clean steps count: they are what the arms are compared on, at
+            # the call's full concurrency (later steps run fewer rows as rows finish).
             n = self.steps[k]
             n[0] += 1
             if seconds < n[2]:
                 n[1], n[2] = tokens, seconds
             self.rows = max(self.rows, rows)
         self._last = k
-
-    def _pass(self, k: int, tokens: int, rows: int) -> None:
-        p = self.passes.setdefault(k, [0, 0, 0])
-        p[0], p[1], p[2] = p[0] + tokens, p[1] + rows, p[2] + 1
 
     def rates(self) -> dict[int, float]:
         """Tokens per second by arm, of its fastest clean step."""

@@ -142,8 +142,8 @@ def test_step_arms_measure_each_arm_in_the_call_then_keep_the_faster():
     fast_spec = {4: (0.033, 430), 0: (0.012, 96)}  # 13000 vs 8000 tokens/s: keep k=4
     rule = StepArms((4, 0), measure_steps=2)
     ks = _run_steps(rule, 12, fast_spec)
-    # plain first (prefill, 2 clean plain steps), a switch step (not counted), 2 clean k=4 steps, kept k=4
-    assert ks == [0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4, 4]
+    # prefill, 2 clean k=4 steps, a switch step (not counted), 2 clean plain steps, back to k=4
+    assert ks == [4, 4, 4, 0, 0, 0, 4, 4, 4, 4, 4, 4]
     assert rule.settled and rule.k == 4 and rule.explored()
     assert rule.rates() == pytest.approx({4: 430 / 0.033, 0: 96 / 0.012})
     assert rule.step_seconds() == pytest.approx({4: 0.033, 0: 0.012})
@@ -153,15 +153,15 @@ def test_step_arms_measure_each_arm_in_the_call_then_keep_the_faster():
 
     slow_spec = {4: (0.040, 300), 0: (0.012, 96)}  # 7500 vs 8000 tokens/s: plain for the rest
     rule = StepArms((4, 0), measure_steps=2)
-    assert _run_steps(rule, 10, slow_spec) == [0, 0, 0, 4, 4, 4, 0, 0, 0, 0]
+    assert _run_steps(rule, 10, slow_spec) == [4, 4, 4, 0, 0, 0, 0, 0, 0, 0]
     assert rule.k == 0 and rule.summary().endswith("kept plain")
 
 
 def test_step_arms_judge_an_arm_by_its_fastest_step_so_a_preempted_step_does_not_decide():
     # Beside a busy process a step can lose its core for a time slice; that only ever adds time.
     rule = StepArms((4, 0), measure_steps=2)
-    for k, seconds, tokens in [(0, 0.008, 8), (0, 0.008, 8), (0, 0.008, 8),
-                               (4, 0.020, 8), (4, 0.010, 30), (4, 0.060, 34)]:  # the 2nd clean k=4 step preempted
+    for k, seconds, tokens in [(4, 0.010, 30), (4, 0.010, 30), (4, 0.060, 34),  # the 2nd clean k=4 step preempted
+                               (0, 0.020, 30), (0, 0.008, 8), (0, 0.008, 8)]:
         assert rule.next_k() == k
         rule.observe_step(k, seconds, tokens, 8, prefill=False)
     # Means would give k=4 64 tokens / 0.07 s = 914/s against plain 1000/s and keep plain.
@@ -174,8 +174,8 @@ def test_step_arms_take_the_fastest_steps_tokens_with_its_time():
     # An n-gram step that proposes little is fast and short of tokens: its time must not be paired
     # with the tokens of a step that proposed a lot (that made k=4 look 2x faster than it is).
     rule = StepArms((4, 0), measure_steps=2)
-    for k, seconds, tokens in [(0, 0.011, 8), (0, 0.011, 8), (0, 0.011, 8),
-                               (4, 0.03, 8), (4, 0.012, 8), (4, 0.030, 40)]:  # proposes nothing, then 4 per row
+    for k, seconds, tokens in [(4, 0.03, 8), (4, 0.012, 8), (4, 0.030, 40),  # proposes nothing, then 4 per row
+                               (0, 0.011, 8), (0, 0.011, 8), (0, 0.011, 8)]:
         rule.observe_step(rule.next_k(), seconds, tokens, 8, prefill=False)
     assert rule.rates() == pytest.approx({4: 8 / 0.012, 0: 8 / 0.011})  # not (8 + 40) / 2 / 0.012 = 2000/s
     assert rule.next_k() == 0 and rule.settled
@@ -229,8 +229,8 @@ def test_costs_from_steps_need_a_plain_and_a_speculative_step():
 
 def test_a_call_too_short_to_measure_both_arms_learns_nothing_about_plain():
     rule = StepArms((4, 0), measure_steps=2)
-    assert _run_steps(rule, 4, {4: (0.033, 430), 0: (0.012, 96)}) == [0, 0, 0, 4]  # ends on the switch step
-    assert not rule.explored() and set(rule.step_seconds()) == {0}
+    assert _run_steps(rule, 4, {4: (0.033, 430), 0: (0.012, 96)}) == [4, 4, 4, 0]  # ends on the switch step
+    assert not rule.explored() and set(rule.step_seconds()) == {4}
     assert Costs.from_steps(96, rule.step_seconds(), rule.prefill_s / 1000) is None  # the next call measures again
 
 

@@ -455,7 +455,6 @@ def test_auto_policy_on_vllm_measures_in_the_call_then_decides_from_learned_cost
 
     again = runner.run_many(shards)  # same concurrency: decided from the learned costs, no measuring
     for m in again:
-        assert len(m["decisions"]) == 1, [x["reason"] for x in m["decisions"]]
         (d,) = m["decisions"]
         assert d["reason"].startswith(("on: per-token acceptance", "off: ")) and "measur" not in d["reason"]
     assert [r["completion"] for r in rows_of(again)] == hf_reference[1]
@@ -540,7 +539,7 @@ def test_vllm_switches_k_between_engine_steps_without_changing_a_token(vllm_back
         def next_k(self):
             return self.ks[len(self.seen) % len(self.ks)]
 
-        def observe_step(self, k, seconds, tokens, rows, prefill, draft_s=0.0, **_):
+        def observe_step(self, k, seconds, tokens, rows, prefill, draft_s=0.0):
             self.seen.append((k, seconds, tokens, rows, prefill))
 
     rule = Script([4, 4, 0, 0, 0, 2, 2, 1])
@@ -589,7 +588,7 @@ def test_plain_decoding_on_the_speculative_engine_skips_the_draft_and_leaves_no_
             self.settled = len(self.seen) >= 5
             return 4 if len(self.seen) < 2 else 0
 
-        def observe_step(self, k, seconds, tokens, rows, prefill, draft_s=0.0, **_):
+        def observe_step(self, k, seconds, tokens, rows, prefill, draft_s=0.0):
             self.seen.append((k, self.settled, len(forwards)))
 
     try:

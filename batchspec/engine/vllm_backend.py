@@ -37,7 +37,6 @@ What batchspec adds on top of a bare `LLM.generate`, and how:
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import time
@@ -277,17 +276,9 @@ class VLLMBackend:
             settled = getattr(rule, "settled", False)
             # Plain to the call's end: the draft's cache is not needed again (module docstring).
             self._skip_draft = self.skips_draft and k == 0 and settled
-            # A step prefills when it admits waiting prompts or continues a chunked prefill. In a call
-            # of more rows than max_num_seqs nearly every step does both: it decodes the running rows
-            # and admits the next ones as rows finish. The rule is told how many rows decode and how
-            # many prompt tokens the step computed, so that it can tell the two apart.
-            filling = [r for r in sched.running if r.num_computed_tokens < r.num_prompt_tokens]
-            admits = bool(sched.waiting) and len(sched.running) < max_seqs
-            prefill = admits or bool(filling)
-            decoding = len(sched.running) - len(filling)
-            if prefill:
-                filling += list(itertools.islice(sched.waiting, max_seqs - len(sched.running))) if admits else []
-                before = [(r, r.num_computed_tokens) for r in filling]
+            # A step prefills when it admits waiting prompts or continues a chunked prefill.
+            prefill = (bool(sched.waiting) and len(sched.running) < max_seqs) or any(
+                r.num_computed_tokens < r.num_prompt_tokens for r in sched.running)
             # The draft is timed apart where a plain call would not run it: over the prompts, and in
             # a plain step measured while the rule still might go back to k > 0.
             self._time_draft = self.skips_draft and not self._skip_draft and (prefill or (k == 0 and not settled))
@@ -296,9 +287,7 @@ class VLLMBackend:
             out = get_output()
             seconds = time.perf_counter() - t - self._draft_s
             tokens = sum(len(o.new_token_ids) for o in out.outputs)
-            computed = sum(max(min(r.num_computed_tokens, r.num_prompt_tokens) - n, 0) for r, n in before) if prefill else 0
-            rule.observe_step(k, seconds, tokens, len(out.outputs), prefill, draft_s=self._draft_s,
-                              prefill_tokens=computed, decoding=decoding)
+            rule.observe_step(k, seconds, tokens, len(out.outputs), prefill, draft_s=self._draft_s)
             return out
 
         return step
@@ -365,8 +354,6 @@ class VLLMBackend:
         k = draft_length if isinstance(draft_length, int) else (draft_length.next_k() if draft_length else 4)
         k = self.set_k(k if speculate else 0)
         plain = k == 0 and rule is None
-        if rule is not None:  # a step rule may start plain (StepArms measures plain first): rows are drafted for at its k
-            k = min(max(getattr(rule, "arms", (k,))), self.k_max)
         caps = max_new_per_row or [max_new_tokens] * len(prompt_ids)
         if seeds and not self.row_seeds and not sampling.greedy:
             if not self._warned_seeds:

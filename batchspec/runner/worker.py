@@ -273,11 +273,11 @@ class ShardRunner:
         from ..engine import FixedK
 
         if self.learns_costs:  # vllm: k per engine step; plain steps measured too while costs are unknown
-            costs, full = self.costs_by_batch.get(self.concurrency(rows)), min(rows, self.engine.max_batch)
+            costs = self.costs_by_batch.get(self.concurrency(rows))
             if costs is None:
-                return StepArms((k, 0), rows=full)
+                return StepArms((k, 0))
             # Decided from known costs: the call still checks the acceptance its own steps deliver.
-            return StepArms((k,), guard=lambda alpha: decode_speedup(alpha, k, costs.c, costs.v(k)), rows=full)
+            return StepArms((k,), guard=lambda alpha: decode_speedup(alpha, k, costs.c, costs.v(k)))
         if not self.engine.per_round_k:  # vllm: k is set per call, by the policy between blocks
             return FixedK(k)
 
@@ -485,19 +485,10 @@ class ShardRunner:
                 self.policy.observe_round(t.k, t.draft_s, t.target_s, t.accepted, t.rejections)
         return outs
 
-    def _generate_block(self, batch: list[tuple["ShardWork", RowInput]], decision: Decision) -> Decision:
+    def _generate_block(self, batch: list[tuple["ShardWork", RowInput]], decision: Decision) -> None:
         """One engine call over rows (possibly of several shards) under one decision; records each
-        row's result in its shard and feeds what the call measured to the policy. Returns the
-        decision the rows ran under (what a measuring call kept)."""
+        row's result in its shard and feeds what the call measured to the policy."""
         rule = self.draft_length(decision.k, len(batch)) if decision.speculate else None
-        if isinstance(rule, StepArms) and len(rule.arms) > 1 and len(batch) > self.engine.max_batch:
-            # Measuring needs steps at the call's full concurrency that do nothing else, and a call
-            # of more rows than the engine runs at once has almost none: as rows finish it admits
-            # the next ones in every step. The first max_num_seqs rows measure; the rest follow
-            # in one call under what they measured.
-            decision = self._generate_block(batch[:self.engine.max_batch], decision)
-            batch = batch[self.engine.max_batch:]
-            rule = self.draft_length(decision.k, len(batch)) if decision.speculate else None
         outs = self._call([r for _, r in batch], self.spec.generation.max_new_tokens, decision.speculate, rule)
         self.policy.observe_rows([o.stats.completion_tokens for o in outs if o.error is None])
         if isinstance(rule, StepArms):
@@ -509,7 +500,6 @@ class ShardRunner:
             else:
                 work.results[r.row_index] = (o, decision, concurrency)
             work.done += 1
-        return decision
 
     def _learn(self, rule: StepArms, batch: list, decision: Decision) -> Decision:
         """After a vllm call whose steps a StepArms rule chose: keep the step costs it measured for
@@ -517,11 +507,9 @@ class ShardRunner:
         steps, record what it kept as the decision of the call's rows (in each shard's manifest)."""
         b = self.concurrency(len(batch))
         # Prefill costs are per prompt position for the whole batch (as measure_costs gives them,
-        # and as Policy.predict multiplies them by the mean prompt length), not per token: the
-        # prompt tokens of the steps that only prefilled, scaled to the rows the steps decode.
-        rows = rule.rows or min(len(batch), self.engine.max_batch)
-        per_token = rows / rule.prefill_tokens if rule.prefill_tokens else 0.0
-        steps, prefill, draft_prefill = rule.step_seconds(), rule.prefill_s * per_token, rule.draft_prefill_s * per_token
+        # and as Policy.predict multiplies them by the mean prompt length), not per token.
+        positions = sum(len(r.token_ids) for _, r in batch) / max(len(batch), 1) or 1
+        steps, prefill, draft_prefill = rule.step_seconds(), rule.prefill_s / positions, rule.draft_prefill_s / positions
         if b in self.costs_by_batch:
             self.costs_by_batch[b].learn_steps(steps, prefill, draft_prefill)
         elif (costs := Costs.from_steps(b, steps, prefill, draft_prefill)) is not None:
