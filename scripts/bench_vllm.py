@@ -5,6 +5,7 @@
     python scripts/bench_vllm.py --engine-path [--jobs demo,mixed]   # batchspec's call vs bare, one process
     python scripts/bench_vllm.py --busy [--jobs demo]   # the same with one busy-looping process beside each run
     python scripts/bench_vllm.py --jobs llama104m --llama-rows 256   # a longer job: fixed seconds amortize
+    python scripts/bench_vllm.py --jobs demo --demo-rows 6144         # the demo pair on 6,144 contracts
     python scripts/bench_vllm.py --jobs demo,mixed --temperature 0.7   # sampled jobs
     python scripts/bench_vllm.py --jobs demo,mixed --running-ray   # also on a Ray that is already up
 
@@ -47,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BARE = r"""
 import json, os, sys, time
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-cfg = json.loads(sys.argv[1])
+cfg = json.loads(open(sys.argv[1]).read())  # a file: a long job's prompt ids do not fit in argv
 from vllm import LLM, SamplingParams
 t0 = time.perf_counter()
 llm = LLM(**cfg["engine"])
@@ -96,9 +97,12 @@ def bare(spec, prompt_ids, speculative: bool) -> dict:
         args["speculative_config"] = None
     cfg = {"engine": args, "prompt_ids": prompt_ids, "max_new_tokens": spec.generation.max_new_tokens,
            "stop": spec.generation.stop, "temperature": spec.generation.temperature}
-    t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", BARE, json.dumps(cfg)], capture_output=True, text=True, cwd=ROOT)
-    wall = time.perf_counter() - t
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(cfg, f)
+        f.flush()
+        t = time.perf_counter()
+        out = subprocess.run([sys.executable, "-c", BARE, f.name], capture_output=True, text=True, cwd=ROOT)
+        wall = time.perf_counter() - t
     line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
     if not line:
         raise RuntimeError(f"bare vLLM failed:\n{out.stderr[-3000:]}")
@@ -190,14 +194,23 @@ class BusyNeighbour:
             self.proc.wait()
 
 
-def write_jobs(tmp: Path, which: list[str], llama_rows: int = 64, temperature: float = 0.0) -> dict[str, Path]:
-    """Job files: the demo job as shipped, the same with the EAGLE-3 demo draft, a 104M random
-    Llama with an ngram draft (llama_rows prompts in shards of 32), and a mixed job (demo shards
-    plus long-prompt shards of three contracts each); every one sampled at `temperature` when > 0."""
+def write_jobs(tmp: Path, which: list[str], llama_rows: int = 64, temperature: float = 0.0,
+               demo_rows: int = 96) -> dict[str, Path]:
+    """Job files: the demo job as shipped (or with demo_rows contracts of the demo's held-out range,
+    in shards of 192), the same with the EAGLE-3 demo draft, a 104M random Llama with an ngram draft
+    (llama_rows prompts in shards of 32), and a mixed job (demo shards plus long-prompt shards of
+    three contracts each); every one sampled at `temperature` when > 0."""
     import yaml
 
     demo = yaml.safe_load((ROOT / "jobs/summarize_legal.yaml").read_text())
     demo["input"]["path"] = str(ROOT / "jobs/data/legal")
+    if demo_rows != 96:
+        from batchspec.demo.setup import write_shards
+
+        if demo_rows % 192:
+            raise ValueError("--demo-rows: a multiple of 192 (the shard size), or 96 for the demo's own shards")
+        write_shards(tmp / "demo-in", shards=demo_rows // 192, rows=192)
+        demo["input"]["path"] = str(tmp / "demo-in")
     for key in ("target",):
         demo["model"][key] = str(ROOT / demo["model"][key])
     demo["model"]["draft"]["path"] = str(ROOT / demo["model"]["draft"]["path"])
@@ -372,6 +385,9 @@ def main() -> None:
     ap.add_argument("--no-hf", action="store_true", help="leave out the hf backend runs")
     ap.add_argument("--llama-rows", type=int, default=64,
                     help="prompts of the llama104m job (default 64; more shows how Ray's fixed seconds amortize)")
+    ap.add_argument("--demo-rows", type=int, default=96,
+                    help="contracts of the demo job (default 96, its own shards; a multiple of 192 writes that "
+                         "many held-out contracts in shards of 192: a job long enough for Ray's start to amortize)")
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="sample every job at this temperature (default 0: greedy). Rows then differ between "
                          "runs, so agreement is not reported; bare spec gets batchspec's CPU repair")
@@ -395,14 +411,14 @@ def main() -> None:
     if args.engine_path:
         tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
         results = {}
-        for name, job in write_jobs(tmp, args.jobs.split(","), args.llama_rows, args.temperature).items():
+        for name, job in write_jobs(tmp, args.jobs.split(","), args.llama_rows, args.temperature, args.demo_rows).items():
             print(name, flush=True)
             results[name] = engine_path(job, args.repeats)
         Path(args.out).write_text(json.dumps({"threads": os.cpu_count(), "engine_path": results}, indent=2))
         return
     if args.switch:
         tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
-        for name, job in write_jobs(tmp, args.jobs.split(","), args.llama_rows, args.temperature).items():
+        for name, job in write_jobs(tmp, args.jobs.split(","), args.llama_rows, args.temperature, args.demo_rows).items():
             print(name)
             switch_cost(job)
         return
@@ -414,7 +430,7 @@ def main() -> None:
     configs += ["batchspec vllm auto+plain"] if args.plain_engine else []
     configs += ["batchspec vllm auto, Ray up"] if args.running_ray else []
     configs += [] if args.no_hf else ["batchspec hf auto"]
-    for name, job in write_jobs(tmp, args.jobs.split(","), args.llama_rows, args.temperature).items():
+    for name, job in write_jobs(tmp, args.jobs.split(","), args.llama_rows, args.temperature, args.demo_rows).items():
         spec = load_spec(job)
         ids, prompt_ids = job_prompts(spec)
         runs: dict[str, list] = {}
