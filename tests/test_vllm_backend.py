@@ -527,6 +527,44 @@ def test_a_decided_call_whose_rows_draft_badly_turns_plain_mid_call(vllm_backend
     assert runner.policy.prior.estimate < 0.6  # the next call (and the next run's memory) starts from it
 
 
+def test_a_call_of_more_rows_than_vllm_runs_at_once_measures_on_its_first_rows(vllm_backend, tmp_path, monkeypatch):
+    """544 rows for one call where vLLM runs 256 at once: as rows finish, such a call admits the next
+    ones in nearly every step, so it has almost no clean steps to measure on. The first 256 rows
+    are a measuring call and the other 288 follow in a second one under what it kept; both shards'
+    manifests say what was kept, and the rows are those of plain decoding. Costs it keeps (only
+    when both arms were timed at one concurrency) weigh a batch's prefill about even with its
+    decoding here; counting the steps that admitted rows as prefill had made it ~13x."""
+    from batchspec.demo.setup import write_shards
+    from batchspec.runner.plan import plan_shards
+    from batchspec.runner.worker import ShardRunner
+
+    write_shards(tmp_path / "big", shards=2, rows=272)
+    spec = _demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto")
+    spec = spec.model_copy(update={"input": spec.input.model_copy(update={"path": str(tmp_path / "big")})})
+    runner = ShardRunner(spec, "job-big", engine=vllm_backend)
+    calls = []
+    monkeypatch.setattr(vllm_backend, "generate",
+                        lambda ids, *a, _generate=vllm_backend.generate, **kw: (calls.append(len(ids)), _generate(ids, *a, **kw))[1])
+    assert vllm_backend.max_batch == 256
+    manifests = runner.run_many(plan_shards(spec.input.path))
+    assert calls == [256, 288]
+    for m in manifests:
+        assert len(m["decisions"]) == 2, [d["reason"] for d in m["decisions"]]
+        measuring, kept = m["decisions"]
+        assert measuring["reason"].startswith("on (measuring)") and kept["reason"].startswith("measured in the call (2 steps each")
+    assert manifests[0]["decisions"][1] == manifests[1]["decisions"][1]
+    rows = [r for m in manifests for r in sorted(runner.store.read_part(m["shard"]).to_pylist(),
+                                                  key=lambda r: r["row_index"])]
+    costs, mean = runner.costs_by_batch.get(256), lambda key: sum(r[key] for r in rows) / len(rows)
+    if costs is not None:
+        assert 0 < costs.prefill_token_s * mean("prompt_tokens") < 4 * costs.target_step_s * mean("completion_tokens")
+    monkeypatch.undo()
+    ids = [r.token_ids for s in plan_shards(spec.input.path)
+           for r in sorted(runner._open(s).valid, key=lambda r: r.row_index)]
+    plain, _ = vllm_backend.generate(ids, 48, stop=("\n",), speculate=False)
+    assert [r["completion"] for r in rows] == [o.text for o in plain]
+
+
 def test_vllm_switches_k_between_engine_steps_without_changing_a_token(vllm_backend, demo_prompt_ids, hf_reference):
     """A step rule (the duck type of policy.StepArms) sets k before every engine step of one call:
     rows equal plain greedy decoding, each step is reported with the k it ran, the steps' tokens

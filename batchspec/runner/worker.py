@@ -485,10 +485,25 @@ class ShardRunner:
                 self.policy.observe_round(t.k, t.draft_s, t.target_s, t.accepted, t.rejections)
         return outs
 
-    def _generate_block(self, batch: list[tuple["ShardWork", RowInput]], decision: Decision) -> None:
+    def _generate_block(self, batch: list[tuple["ShardWork", RowInput]], decision: Decision) -> Decision:
         """One engine call over rows (possibly of several shards) under one decision; records each
-        row's result in its shard and feeds what the call measured to the policy."""
+        row's result in its shard and feeds what the call measured to the policy. Returns the
+        decision the rows ran under (what a measuring call kept)."""
         rule = self.draft_length(decision.k, len(batch)) if decision.speculate else None
+        if isinstance(rule, StepArms) and len(rule.arms) > 1 and len(batch) > self.engine.max_batch:
+            # Measuring needs clean steps at the call's full concurrency, and a call of more rows
+            # than the engine runs at once has almost none: as rows finish, every step admits the
+            # next ones. Its first max_num_seqs rows measure; the rest follow in one call under
+            # what they kept, recorded in the manifests of their shards too.
+            first, batch = batch[:self.engine.max_batch], batch[self.engine.max_batch:]
+            kept = self._generate_block(first, decision)
+            if kept is not decision:
+                measured = {id(w) for w, _ in first}
+                self._record([(w, r) for w, r in batch if id(w) not in measured], kept)
+            decision = kept
+            rule = self.draft_length(decision.k, len(batch)) if decision.speculate else None
+            if isinstance(rule, StepArms) and len(rule.arms) > 1:  # its costs were not kept: k as measured
+                rule = StepArms((decision.k,))
         outs = self._call([r for _, r in batch], self.spec.generation.max_new_tokens, decision.speculate, rule)
         self.policy.observe_rows([o.stats.completion_tokens for o in outs if o.error is None])
         if isinstance(rule, StepArms):
@@ -500,6 +515,7 @@ class ShardRunner:
             else:
                 work.results[r.row_index] = (o, decision, concurrency)
             work.done += 1
+        return decision
 
     def _learn(self, rule: StepArms, batch: list, decision: Decision) -> Decision:
         """After a vllm call whose steps a StepArms rule chose: keep the step costs it measured for
@@ -509,7 +525,8 @@ class ShardRunner:
         # Prefill costs are per prompt position for the whole batch (as measure_costs gives them,
         # and as Policy.predict multiplies them by the mean prompt length), not per token.
         positions = sum(len(r.token_ids) for _, r in batch) / max(len(batch), 1) or 1
-        steps, prefill, draft_prefill = rule.step_seconds(), rule.prefill_s / positions, rule.draft_prefill_s / positions
+        steps = rule.step_seconds() if rule.matched() else {}  # unmatched: the next call measures again
+        prefill, draft_prefill = rule.prefill_s / positions, rule.draft_prefill_s / positions
         if b in self.costs_by_batch:
             self.costs_by_batch[b].learn_steps(steps, prefill, draft_prefill)
         elif (costs := Costs.from_steps(b, steps, prefill, draft_prefill)) is not None:
@@ -529,7 +546,7 @@ class ShardRunner:
         kept = Decision(rule.k > 0, rule.k, rule.summary(), round(rates[rule.arms[0]] / rates[0], 3),
                         self.policy.prior.estimate, decision.at_row,
                         {"tokens_per_s": {str(k): round(v, 1) for k, v in rates.items()}, "k": decision.k,
-                         "rows": rule.rows})
+                         "rows": rule.rows, "costs_kept": rule.matched()})
         return self._record(batch, kept)
 
     def _record(self, batch: list, decision: Decision) -> Decision:
