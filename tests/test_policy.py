@@ -287,13 +287,13 @@ def test_a_decided_call_turns_plain_when_its_own_steps_say_speculation_no_longer
     assert StepArms((4, 0), guard=guard).guard is None and StepArms((0,), guard=guard).guard is None
 
 
-def test_arms_timed_as_rows_finish_decide_the_call_but_are_not_kept_as_costs():
+def test_arms_timed_as_rows_finish_decide_the_call_and_a_strict_rule_keeps_no_costs_from_them():
     """A 256-row demo call: rows finish several tokens a step at k=4, so the plain steps measured
     after the k=4 ones ran at 112 and 99 rows. The arms still decide the call (k=4 emits more tokens
     a second), but a plain step at 99 rows is not the cost of one at 249: kept, it made every later
     call "prefill-dominated". Prefill is read from the call's fill only, not from steps that admit
     rows while others decode."""
-    rule = StepArms((4, 0), measure_steps=2)
+    rule = StepArms((4, 0), measure_steps=2, strict=True)  # the first rows of a call of more rows than run at once
     steps = [(4, 0.124, 56, 56, True), (4, 0.099, 328, 104, True),  # the fill: prefill
              (4, 0.074, 1030, 252, False), (4, 0.059, 805, 192, False),  # clean k=4 steps
              (0, 0.035, 552, 152, False), (0, 0.0137, 112, 112, False), (0, 0.0123, 99, 99, False),
@@ -305,6 +305,11 @@ def test_arms_timed_as_rows_finish_decide_the_call_but_are_not_kept_as_costs():
     assert rule.prefill_s == pytest.approx(0.124 + 0.099)
     assert rule.summary() == ("measured in the call (2 steps each; rows finished meanwhile, so not kept as costs): "
                               "k=4 13644 tokens/s at 192 rows vs plain 8049 tokens/s at 99 rows; kept k=4")
+    lenient = StepArms((4, 0), measure_steps=2)  # a call within what the engine runs at once keeps them
+    for k, seconds, tokens, rows, prefill in steps:
+        lenient.observe_step(lenient.next_k(), seconds, tokens, rows, prefill)
+    assert not lenient.matched() and lenient.costs_kept()
+    assert lenient.summary().startswith("measured in the call (2 steps each at 252 rows)")
     level = StepArms((4, 0), measure_steps=2)  # the 96-row demo call: both arms at 96 rows
     _run_steps(level, 8, {4: (0.027, 431), 0: (0.009, 96)})
     assert level.matched() and level.summary().startswith("measured in the call (2 steps each at 96 rows)")

@@ -269,13 +269,13 @@ class ShardRunner:
         self.policy.calibrate(self.costs_by_batch[b])
         return time.perf_counter() - t0 if measured else 0.0
 
-    def draft_length(self, k: int, rows: int = 0):
+    def draft_length(self, k: int, rows: int = 0, strict: bool = False):
         from ..engine import FixedK
 
         if self.learns_costs:  # vllm: k per engine step; plain steps measured too while costs are unknown
             costs = self.costs_by_batch.get(self.concurrency(rows))
             if costs is None:
-                return StepArms((k, 0))
+                return StepArms((k, 0), strict=strict)
             # Decided from known costs: the call still checks the acceptance its own steps deliver.
             return StepArms((k,), guard=lambda alpha: decode_speedup(alpha, k, costs.c, costs.v(k)))
         if not self.engine.per_round_k:  # vllm: k is set per call, by the policy between blocks
@@ -485,18 +485,19 @@ class ShardRunner:
                 self.policy.observe_round(t.k, t.draft_s, t.target_s, t.accepted, t.rejections)
         return outs
 
-    def _generate_block(self, batch: list[tuple["ShardWork", RowInput]], decision: Decision) -> Decision:
+    def _generate_block(self, batch: list[tuple["ShardWork", RowInput]], decision: Decision,
+                        wave: bool = False) -> Decision:
         """One engine call over rows (possibly of several shards) under one decision; records each
         row's result in its shard and feeds what the call measured to the policy. Returns the
         decision the rows ran under (what a measuring call kept)."""
-        rule = self.draft_length(decision.k, len(batch)) if decision.speculate else None
+        rule = self.draft_length(decision.k, len(batch), strict=wave) if decision.speculate else None
         if isinstance(rule, StepArms) and len(rule.arms) > 1 and len(batch) > self.engine.max_batch:
             # Measuring needs clean steps at the call's full concurrency, and a call of more rows
             # than the engine runs at once has almost none: as rows finish, every step admits the
             # next ones. Its first max_num_seqs rows measure; the rest follow in one call under
             # what they kept, recorded in the manifests of their shards too.
             first, batch = batch[:self.engine.max_batch], batch[self.engine.max_batch:]
-            kept = self._generate_block(first, decision)
+            kept = self._generate_block(first, decision, wave=True)
             if kept is not decision:
                 measured = {id(w) for w, _ in first}
                 self._record([(w, r) for w, r in batch if id(w) not in measured], kept)
@@ -525,7 +526,7 @@ class ShardRunner:
         # Prefill costs are per prompt position for the whole batch (as measure_costs gives them,
         # and as Policy.predict multiplies them by the mean prompt length), not per token.
         positions = sum(len(r.token_ids) for _, r in batch) / max(len(batch), 1) or 1
-        steps = rule.step_seconds() if rule.matched() else {}  # unmatched: the next call measures again
+        steps = rule.step_seconds() if rule.costs_kept() else {}  # not kept: the next call measures again
         prefill, draft_prefill = rule.prefill_s / positions, rule.draft_prefill_s / positions
         if b in self.costs_by_batch:
             self.costs_by_batch[b].learn_steps(steps, prefill, draft_prefill)
@@ -546,7 +547,7 @@ class ShardRunner:
         kept = Decision(rule.k > 0, rule.k, rule.summary(), round(rates[rule.arms[0]] / rates[0], 3),
                         self.policy.prior.estimate, decision.at_row,
                         {"tokens_per_s": {str(k): round(v, 1) for k, v in rates.items()}, "k": decision.k,
-                         "rows": rule.rows, "costs_kept": rule.matched()})
+                         "rows": rule.rows, "costs_kept": rule.costs_kept()})
         return self._record(batch, kept)
 
     def _record(self, batch: list, decision: Decision) -> Decision:
