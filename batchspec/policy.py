@@ -335,10 +335,10 @@ class StepArms:
         return self.k
 
     def _check_guard(self) -> None:
-        tokens, passes, steps = self.passes.get(self.k, (0, 0, 0))
+        _, passes, steps = self.passes.get(self.k, (0, 0, 0))
         if passes < self.guard_passes or steps < 2:
             return
-        alpha = acceptance_for(tokens / passes, self.k)
+        alpha = self.acceptance()[self.k]
         predicted = self.guard(alpha)
         if predicted < 1.0:
             self.stopped = {"k": self.k, "acceptance": round(alpha, 3), "predicted_speedup": round(predicted, 3),
