@@ -173,7 +173,9 @@ def submit(
 
     With speculation.mode auto, each actor starts from what the job's last run measured on its
     node (costs, acceptance; ~/.cache/batchspec/policy, or BATCHSPEC_POLICY_MEMORY; "off" or
-    --set speculation.remember=false to start from nothing; docs/policy.md).
+    --set speculation.remember=false to start from nothing; docs/policy.md). On vLLM a call
+    decided from such numbers still checks the acceptance its own steps deliver, and decodes
+    plain for the rest of the call when speculation stops paying (the shard's manifest says so).
     """
     _run(job, set_, address, force, quiet, log_format, require_existing=False, worker_logs=worker_logs)
 
