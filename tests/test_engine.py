@@ -164,7 +164,7 @@ def test_sampled_speculative_matches_plain_token_distribution(models_dir):
     params = SamplingParams(temperature=1.0)
     ids = engine.tokenize(["The tenant shall"])
     with torch.no_grad():
-        logits = engine.target.model(torch.tensor(ids)).logits[0, -1]
+        logits = engine.target.model(torch.tensor(ids, device=engine.device)).logits[0, -1].float().cpu()
     probs = logits.softmax(-1)
     N = 3000
     out, _ = engine.generate(ids * N, 2, params, seeds=list(range(N)), speculate=True, draft_length=2)

@@ -73,7 +73,7 @@ def test_sampling_is_faithful_to_the_target(drafts, kind):
     m = int(first.mode().values)
     second = torch.tensor([o.token_ids[1] for o in out if o.token_ids[0] == m])
     with torch.no_grad():
-        probs = engine.target.model(torch.tensor([ids[0] + [m]])).logits[0, -1].softmax(-1)
+        probs = engine.target.model(torch.tensor([ids[0] + [m]], device=engine.device)).logits[0, -1].float().cpu().softmax(-1)
     n = len(second)
     freq = torch.bincount(second, minlength=probs.shape[0]).float() / n
     top = probs.argsort(descending=True)[:5]
@@ -334,9 +334,9 @@ def test_eagle3_reference_layout_and_vocabulary_map(repeater, drafts, tmp_path):
     module = engine.draft_module
     n = engine.target.model.config.num_hidden_layers
     assert module.feature_layers == default_feature_layers(n)
-    ids = torch.arange(256) + module.d2t
+    ids = torch.arange(256) + module.d2t.cpu()
     assert bool(state["t2d"][ids].all()) and int(state["t2d"].sum()) == 256
-    logits = module.to_target(torch.randn(3, 256))
+    logits = module.to_target(torch.randn(3, 256, device=engine.device)).cpu()
     assert torch.isinf(logits).sum(-1).tolist() == [logits.shape[-1] - 256] * 3
     assert torch.equal(logits.argmax(-1), ids[logits[:, ids].argmax(-1)])
     rows = engine.tokenize(["the lease", "a", "the tenant shall pay"])
@@ -379,9 +379,10 @@ def test_eagle3_norm_before_residual_variant(repeater, tmp_path):
     outs = {}
     for name, path in (("plain", base), ("flagged", flagged)):
         engine = Engine.load(str(repeater), DraftSpec(kind="eagle3", path=str(path)))
-        h = torch.randn(1, 3, engine.draft_module.config.hidden_size) * 10
+        h = torch.randn(1, 3, engine.draft_module.config.hidden_size, device=engine.device) * 10
         with torch.no_grad():
-            outs[name] = engine.draft_module.predict(torch.tensor([[5, 6, 7]]), h)
+            outs[name] = engine.draft_module.predict(torch.tensor([[5, 6, 7]], device=engine.device),
+                                                     h.to(engine.target.model.dtype)).float()
         rows = engine.tokenize(["the lease", "a"])
         plain, _ = engine.generate(rows, max_new_tokens=12, speculate=False)
         spec, _ = engine.generate(rows, max_new_tokens=12, speculate=True, draft_length=3)
