@@ -267,18 +267,26 @@ def bench(
     batch_sizes: str = typer.Option("1,4,16", help="Comma-separated batch sizes."),
     max_new_tokens: int = typer.Option(64, help="Tokens generated per row."),
     repeats: int = typer.Option(2, help="Interleaved repetitions per configuration."),
+    ks: str = typer.Option("2,4,6", help="Comma-separated fixed draft lengths to run besides adaptive k."),
+    device: str = typer.Option("auto", help="auto (CUDA when this process sees a GPU), cpu or cuda[:N]."),
+    dtype: str = typer.Option("auto", help="auto (bf16 on a GPU that has it, else float32), float32, bf16 or fp16."),
     show_policy: bool = typer.Option(False, "--policy", help="Also print the policy's cost-model figures."),
     out: str = typer.Option("bench.json", help="Where to write the JSON results."),
 ) -> None:
     """Measure a target/draft pair on this machine against plain decoding and transformers.
 
+    Every batchspec row also counts the rows whose greedy tokens equal batchspec plain's ("= plain").
+
     Example: batchspec bench --batch-sizes 1,4 --out bench.json
+
+    Example (a GPU, both precisions): batchspec bench --dtype bf16 --ks 4 --batch-sizes 1,16,64
     """
     from .bench import BenchConfig, run_bench
 
     cfg = BenchConfig(quick=quick, target=target, draft=draft, draft_path=draft_path,
                       batch_sizes=[int(b) for b in batch_sizes.split(",")], max_new_tokens=max_new_tokens,
-                      repeats=repeats, show_policy=show_policy, out=out)
+                      repeats=repeats, ks=tuple(int(k) for k in ks.split(",")), device=device, dtype=dtype,
+                      show_policy=show_policy, out=out)
     run_bench(cfg, echo=typer.echo)
 
 

@@ -19,7 +19,10 @@ def test_bench_quick_writes_valid_json(tmp_path, monkeypatch):
     assert (2, "transformers assisted") not in configs  # transformers refuses batches > 1
     for r in report["results"]:
         assert r["tokens_per_s"] > 0
+        if r["config"].startswith("batchspec"):  # greedy, fp32 on CPU: speculation changes no token
+            assert r["rows_equal_plain"] == r["batch_size"], r
         if r["config"].startswith("batchspec spec"):
             assert 0 <= r["alpha"] <= 1 and r["mean_acceptance_length"] >= 1
             assert r["predicted_speedup"] > 0 and r["draft_cost_ratio_c"] > 0
     assert report["policy"] and "auto decides" in res.output
+    assert "= plain" in res.output and report["machine"]["dtype"] == "torch.float32"
