@@ -93,6 +93,8 @@ SIZES = {
     "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128),
     "small": dict(hidden=128, layers=4, heads=4, kv_heads=2, ffn=384),
     "bench": dict(hidden=768, layers=12, heads=12, kv_heads=4, ffn=3072),
+    # TinyLlama's shape with 24 layers: about 1.06B parameters (scripts/gpu_check.py).
+    "1b": dict(hidden=2048, layers=24, heads=32, kv_heads=4, ffn=5632),
 }
 
 
