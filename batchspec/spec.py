@@ -79,7 +79,8 @@ class ModelSpec(_Strict):
         "plain to their end, which made them as fast as a plain engine (docs/policy.md).")
     draft: DraftSpecModel = Field(default_factory=DraftSpecModel, description="The draft that proposes tokens.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="auto = bfloat16 on CUDA, float32 on CPU.")
+        "auto", description="auto = bfloat16 on CUDA, float32 on CPU. On a GPU, bfloat16 greedy output "
+        "varies run to run; audit exactness in float32 (docs/engine.md).")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N. auto = CUDA when the actor has a GPU.")
     trust_remote_code: bool = Field(False, description="Run model code shipped with the checkpoint. Off unless you trust it.")
     storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for s3:// model prefixes.")
