@@ -80,7 +80,7 @@ def build_pair(root: Path, size: str) -> tuple[Path, Path]:
     return target_dir, draft_dir
 
 
-def determinism(target: Path, device: str, say) -> None:
+def determinism(target: Path, device: str, max_new_tokens: int, say) -> None:
     """Plain greedy decoding of the same 16 rows, three times in one process: how many rows equal
     the first run's, per dtype (in bf16 also with cuBLAS's reduced-precision reductions off, and
     with torch's deterministic algorithms on); then 4 of the rows decoded alone, against the same
@@ -99,9 +99,11 @@ def determinism(target: Path, device: str, say) -> None:
         torch.use_deterministic_algorithms(deterministic, warn_only=True)
         engine = Engine.load(str(target), DraftSpec(kind="none"), device=device, dtype=dtype)
         ids = engine.tokenize(bench_prompts(16, 40))
-        runs = [[o.token_ids for o in engine.generate(ids, max_new_tokens=128, speculate=False)[0]] for _ in range(3)]
+        runs = [[o.token_ids for o in engine.generate(ids, max_new_tokens=max_new_tokens, speculate=False)[0]]
+                for _ in range(3)]
         equal = [sum(a == b for a, b in zip(r, runs[0])) for r in runs[1:]]
-        alone = [engine.generate([ids[i]], max_new_tokens=128, speculate=False)[0][0].token_ids for i in range(4)]
+        alone = [engine.generate([ids[i]], max_new_tokens=max_new_tokens, speculate=False)[0][0].token_ids
+                 for i in range(4)]
         same_alone = sum(a == runs[0][i] for i, a in enumerate(alone))
         say(f"{dtype}, reduced-precision reductions {'on' if reduced else 'off'}, deterministic algorithms "
             f"{'on' if deterministic else 'off'}: runs 2 and 3 equal run 1 on "
@@ -214,7 +216,7 @@ def main() -> int:
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
 
     step("Plain decoding, run to run and row alone vs in a batch", 60,
-         lambda: determinism(pair["target"], device, say), "determinism")
+         lambda: determinism(pair["target"], device, args.max_new_tokens, say), "determinism")
     step("bench: model draft, bf16, batch 1/16/64", 150, lambda: bench("model-bf16", "model", "bf16", [1, 16, 64]),
          "bench-bf16")
     step("bench: model draft, fp32, batch 16", 60, lambda: bench("model-fp32", "model", "float32", [16]), "bench-fp32")
