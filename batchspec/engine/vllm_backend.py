@@ -317,7 +317,15 @@ class VLLMBackend:
         source = {"model": d.path, "ngram": f"ngram (max {d.max_ngram})", "quantized": f"{spec_model.target} (fp8)",
                   "none": None}.get(d.kind, d.path or d.kind)
         backend = cls(llm, tokenizer, d.kind, spec_model.target, source, k_max, plain)
-        backend.warm_up()
+        try:
+            backend.warm_up()
+        except Exception as e:
+            # The first forward is where vLLM finds what its kernels cannot run, e.g. on CPU
+            # "Unsupported CPU attention configuration: head_dim=16": a model it cannot serve.
+            from .models import ModelLoadError
+
+            raise ModelLoadError(f"vLLM cannot serve {spec_model.target}: its first forward failed: "
+                                 f"{error_line(e, 400)}") from e
         return backend
 
     def warm_up(self) -> None:
