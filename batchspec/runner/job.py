@@ -315,6 +315,7 @@ def _run(spec, store, shards, todo, job_id, on_shard, t0, backend) -> JobResult:
               backend=backend[0], backend_reason=backend[1])
 
     reported: dict[str, str | None] = {}  # shard -> error, as the actors reported it
+    notes: set[str] = set()  # actors' backend fallbacks, logged once each
     if todo:
         from .pool import run_pool
         from .worker import ShardWorker, failed_manifest
@@ -333,6 +334,11 @@ def _run(spec, store, shards, todo, job_id, on_shard, t0, backend) -> JobResult:
                                           failed=lambda batch, why: [failed_manifest(s["shard"], why) for s in batch]):
             for manifest in manifests_of_call:
                 reported[manifest["shard"]] = manifest.get("error")
+                if manifest.get("backend_note") and manifest["backend_note"] not in notes:
+                    # The actors' own logs are their files; the driver says it once per reason.
+                    notes.add(manifest["backend_note"])
+                    log_event(log, f"backend: {manifest['backend_note']}", logging.WARNING, job=job_id,
+                              shard=manifest["shard"])
                 _log_shard(job_id, manifest, shown=on_shard is not None)
                 if on_shard:
                     on_shard(manifest)

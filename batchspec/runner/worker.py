@@ -7,6 +7,8 @@ shard descriptors per call.
 
 from __future__ import annotations
 
+import functools
+import gc
 import hashlib
 import logging
 import os
@@ -202,14 +204,29 @@ class ShardRunner:
     """Everything an actor keeps between shards: backend, policy (with its acceptance prior), store."""
 
     def __init__(self, spec: JobSpec, job_id: str, engine=None, calibrate: bool = True, backend: str | None = None):
-        from ..engine.backend import backend_for, load_backend
+        from ..engine.backend import HF_DRAFT_KINDS, backend_for, load_backend
+        from ..engine.models import ModelLoadError
 
         self.spec, self.job_id = spec, job_id
         m = spec.model
+        self.backend_note = None  # why this actor runs another backend than the driver chose
         if engine is None:
             backend = backend or backend_for(spec)[0]
-            engine = load_backend(backend, m, k_default=spec.speculation.num_speculative_tokens,
-                                  sampled=spec.generation.temperature > 0)
+            load = functools.partial(load_backend, spec_model=m, k_default=spec.speculation.num_speculative_tokens,
+                                     sampled=spec.generation.temperature > 0)
+            try:
+                engine = load(backend)
+            except ModelLoadError as e:
+                # auto promises the backend that can serve the job. Which models vLLM serves shows
+                # only when an engine starts (an architecture it lacks, or on CPU attention heads
+                # of 16), so the actor falls back to the hf engine, which serves any transformers
+                # model, and says so in its log and every manifest it writes.
+                if backend != "vllm" or m.backend != "auto" or m.draft.kind not in HF_DRAFT_KINDS:
+                    raise
+                self.backend_note = f"auto: {str(e).splitlines()[0][:400]}; batchspec's own engine serves it"
+                log_event(log, f"backend: {self.backend_note}", logging.WARNING, job=job_id)
+                gc.collect()  # the failed engine's memory, before the hf engine loads
+                engine = load("hf")
         self.engine = engine  # a backend: engine.Engine (hf) or vllm_backend.VLLMBackend
         self.store = OutputStore(spec.output.path, spec.output.storage_options)
         # pyarrow imports pandas and pyarrow.compute on its first conversion (0.15-0.29 s here). Done
@@ -570,7 +587,8 @@ class ShardRunner:
         tokens = {key: sum(r[key] for r in rows_out) for key in
                   ("prompt_tokens", "completion_tokens", "draft_tokens", "accepted_tokens", "spec_rounds")}
         manifest = {
-            **work.base, "status": "done", "backend": self.engine.name, "rows_in": rows_in, "rows_out": part["rows"],
+            **work.base, "status": "done", "backend": self.engine.name,
+            **({"backend_note": self.backend_note} if self.backend_note else {}), "rows_in": rows_in, "rows_out": part["rows"],
             "part": part["part"], "part_bytes": part["bytes"], "error_rows": sum(r["finish_reason"] == "error" for r in rows_out),
             "error_kinds": _count_errors(rows_out), "tokens": tokens, "decisions": [d.to_json() for d in work.decisions],
             "timings": {"read_s": work.read_s, "calibrate_s": work.calibrate_s, "generate_s": work.gen_s,
@@ -642,6 +660,10 @@ class ShardWorker:
         self.runner, self.load_error = None, None
         try:
             self.runner = ShardRunner(JobSpec.model_validate_json(spec_json), job_id, backend=backend)
+            if threads and backend == "vllm" and self.runner.engine.name == "hf":  # auto fell back
+                import torch
+
+                torch.set_num_threads(threads)
         except ModelLoadError as e:
             # Raising here would make Ray restart the actor forever and end in a page of
             # ActorDiedError; every shard this actor gets fails with the reason instead.
