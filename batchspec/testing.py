@@ -241,19 +241,22 @@ ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma
                  "gpt_neox", "opt", "falcon", "stablelm", "gpt_bigcode", "granite", "olmo2", "cohere", "smollm3")
 
 
-def arch_config(arch: str, tokenizer, window: int | None = None):
-    """A 2-layer, 64-wide config of any transformers decoder `arch` (its model_type), with the
-    tokenizer's special ids. window: the sliding window, for architectures that have one."""
+def arch_config(arch: str, tokenizer, window: int | None = None, width: int = 64):
+    """A 2-layer config of any transformers decoder `arch` (its model_type), `width` wide with 4
+    heads, with the tokenizer's special ids. window: the sliding window, for architectures that
+    have one. vLLM's CPU attention has no kernel for heads of 16 (width 64): its matrix uses 256."""
     from transformers import AutoConfig
 
     base = AutoConfig.for_model(arch)
-    sizes = {"vocab_size": len(tokenizer), "hidden_size": 64, "n_embd": 64, "num_hidden_layers": 2, "n_layer": 2,
-             "num_attention_heads": 4, "n_head": 4, "num_key_value_heads": 2, "head_dim": 16,
-             "intermediate_size": 128, "n_inner": 128, "ffn_dim": 128, "word_embed_proj_dim": 64,
+    sizes = {"vocab_size": len(tokenizer), "hidden_size": width, "n_embd": width, "num_hidden_layers": 2, "n_layer": 2,
+             "num_attention_heads": 4, "n_head": 4, "num_key_value_heads": 2, "head_dim": width // 4,
+             "intermediate_size": 2 * width, "n_inner": 2 * width, "ffn_dim": 2 * width, "word_embed_proj_dim": width,
              "max_position_embeddings": 512, "n_positions": 512, "pad_token_id": tokenizer.pad_token_id,
              "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
     kwargs = {k: v for k, v in sizes.items() if (k in base.to_dict() or hasattr(base, k))
               and not isinstance(getattr(type(base), k, None), property)}  # falcon derives head_dim
+    if getattr(base, "multi_query", False):
+        kwargs["num_key_value_heads"] = 1  # gpt_bigcode: one K/V head; vLLM reads this key, transformers multi_query
     if arch == "smollm3":
         kwargs["no_rope_layers"] = [1, 0]  # its default lists 36 layers
     if window is not None:
@@ -262,7 +265,7 @@ def arch_config(arch: str, tokenizer, window: int | None = None):
 
 
 def build_arch_model(out_dir: str | Path, arch: str, tokenizer_dir: str | Path, seed: int = 0,
-                     window: int | None = None) -> Path:
+                     window: int | None = None, width: int = 64) -> Path:
     """Save a tiny random checkpoint of `arch` (see arch_config). Idempotent."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -272,7 +275,7 @@ def build_arch_model(out_dir: str | Path, arch: str, tokenizer_dir: str | Path, 
         return out_dir
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(arch_config(arch, tokenizer, window))
+    model = AutoModelForCausalLM.from_config(arch_config(arch, tokenizer, window, width))
     _sharpen(model)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)

@@ -129,6 +129,71 @@ def test_a_model_vllm_cannot_load_fails_the_shards_with_one_line(tmp_path):
     assert "model type `nonsense`" in summary["error"]
 
 
+def test_auto_falls_back_to_hf_for_a_model_vllm_cannot_serve(models_dir, tmp_path):
+    """vLLM's CPU attention has no kernel for heads of 16, the test models' shape; vLLM finds out
+    at the first forward. On auto the actor then loads the hf engine, which serves the model, and
+    its manifests (and the driver's log) say why; on backend vllm the shards fail (test above)."""
+    from batchspec.runner.plan import plan_shards
+    from batchspec.runner.worker import ShardWorker
+
+    _require_vllm()
+    target = models_dir / "llama-target"
+    spec = load_spec(DEMO_JOB, [f"model.target={target}", "model.backend=auto", "model.draft.kind=ngram",
+                                f"output.path={tmp_path / 'out'}", "generation.max_new_tokens=8"])
+    worker = ShardWorker(spec.model_dump_json(), "job-1", backend="vllm")
+    shard = plan_shards(str(ROOT / "jobs/data/legal"))[0]
+    [summary] = worker.run([shard.to_json()])
+    assert summary["status"] == "done", summary
+    m = worker.runner.store.manifests()[shard.shard]
+    assert m["backend"] == "hf" and m["rows_out"] == 24
+    assert m["backend_note"].startswith(f"auto: vLLM cannot serve {target}: its first forward failed")
+    assert "head_dim=16" in m["backend_note"] and m["backend_note"].endswith("; batchspec's own engine serves it")
+
+
+def test_vllm_architecture_matrix_row(tmp_path):
+    """scripts/vllm_arch_matrix.py's gemma2 row (docs/engine.md has the whole table): vLLM serves
+    gemma2 with an n-gram draft, plain and speculative rows equal transformers', and refuses its
+    draft model in one line."""
+    import subprocess
+    import sys
+
+    _require_vllm()
+    out = subprocess.run([sys.executable, "scripts/vllm_arch_matrix.py", "--arch", "gemma2", "--windows", ""],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600).stdout
+    [row] = [line for line in out.splitlines() if line.startswith("| gemma2 |")]
+    ngram, model = [c.strip() for c in row.strip("|").split("|")][2:]
+    assert ngram.startswith("exact (") and int(ngram.split("(")[1].split()[0]) > 0, row
+    assert model.startswith("refused: vLLM cannot serve") and "same kv cache group" in model, row
+
+
+def test_only_auto_falls_back_and_only_to_a_draft_kind_hf_serves(models_dir, tmp_path, monkeypatch):
+    """Without starting vLLM: a vllm load that fails is the actor's failure on backend vllm and
+    for a draft kind only vLLM has (mtp); on auto with a kind hf serves, the actor runs hf."""
+    import batchspec.engine.backend as backend
+    from batchspec.engine.models import ModelLoadError
+    from batchspec.runner.worker import ShardRunner
+
+    real = backend.load_backend
+
+    def load(name, spec_model, **kw):
+        if name == "vllm":
+            raise ModelLoadError("vLLM cannot serve it: no")
+        return real(name, spec_model, **kw)
+
+    monkeypatch.setattr(backend, "load_backend", load)
+
+    def runner(*sets):
+        return ShardRunner(load_spec(DEMO_JOB, [f"model.target={models_dir / 'llama-target'}",
+                                                f"output.path={tmp_path / 'out'}", *sets]), "job-1", backend="vllm")
+
+    r = runner("model.backend=auto", "model.draft.kind=ngram")
+    assert r.engine.name == "hf" and r.backend_note == "auto: vLLM cannot serve it: no; batchspec's own engine serves it"
+    with pytest.raises(ModelLoadError, match="cannot serve it"):
+        runner("model.backend=vllm", "model.draft.kind=ngram")
+    with pytest.raises(ModelLoadError, match="cannot serve it"):
+        runner("model.backend=auto", "model.draft.kind=mtp")
+
+
 def _require_vllm():
     if not vllm_installed():
         if os.environ.get("CI"):
