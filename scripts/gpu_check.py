@@ -82,34 +82,38 @@ def build_pair(root: Path, size: str) -> tuple[Path, Path]:
 
 def determinism(target: Path, device: str, max_new_tokens: int, say) -> None:
     """Plain greedy decoding of the same 16 rows, three times in one process: how many rows equal
-    the first run's, per dtype (in bf16 also with cuBLAS's reduced-precision reductions off, and
-    with torch's deterministic algorithms on); then 4 of the rows decoded alone, against the same
-    rows in the batch. On the H200 (2026-11-30), bf16 did not reproduce itself (9-11 of 16 rows)
-    with or without reduced-precision reductions; fp32 did (16/16). Deterministic algorithms were
-    added after that run, to be tried next."""
+    the first run's; then 4 of the rows decoded alone, against the same rows in the batch. In bf16
+    with torch's defaults, with its deterministic algorithms on, and with attention on SDPA's math
+    kernel (the GPU's flash or cuDNN attention kernels out of the way), then fp32.
+
+    On the H200 (2026-11-30), bf16 did not reproduce itself (9-11 of 16 rows), with cuBLAS's
+    reduced-precision reductions on or off; fp32 did (16/16). The other two variants were added
+    after that run, to be tried next."""
+    import contextlib
+
     import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from batchspec.bench import bench_prompts
     from batchspec.engine import DraftSpec, Engine
 
-    for dtype, reduced, deterministic in (("bf16", True, False), ("bf16", False, False), ("bf16", True, True),
-                                          ("float32", True, False)):
-        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
+    variants = (("bf16", "defaults", False, False), ("bf16", "deterministic algorithms", True, False),
+                ("bf16", "math attention", False, True), ("float32", "defaults", False, False))
+    for dtype, label, deterministic, math_attention in variants:
         # warn_only: a kernel without a deterministic version warns instead of stopping the step.
         torch.use_deterministic_algorithms(deterministic, warn_only=True)
-        engine = Engine.load(str(target), DraftSpec(kind="none"), device=device, dtype=dtype)
-        ids = engine.tokenize(bench_prompts(16, 40))
-        runs = [[o.token_ids for o in engine.generate(ids, max_new_tokens=max_new_tokens, speculate=False)[0]]
-                for _ in range(3)]
+        with sdpa_kernel(SDPBackend.MATH) if math_attention else contextlib.nullcontext():
+            engine = Engine.load(str(target), DraftSpec(kind="none"), device=device, dtype=dtype)
+            ids = engine.tokenize(bench_prompts(16, 40))
+            runs = [[o.token_ids for o in engine.generate(ids, max_new_tokens=max_new_tokens, speculate=False)[0]]
+                    for _ in range(3)]
+            alone = [engine.generate([ids[i]], max_new_tokens=max_new_tokens, speculate=False)[0][0].token_ids
+                     for i in range(4)]
         equal = [sum(a == b for a, b in zip(r, runs[0])) for r in runs[1:]]
-        alone = [engine.generate([ids[i]], max_new_tokens=max_new_tokens, speculate=False)[0][0].token_ids
-                 for i in range(4)]
         same_alone = sum(a == runs[0][i] for i, a in enumerate(alone))
-        say(f"{dtype}, reduced-precision reductions {'on' if reduced else 'off'}, deterministic algorithms "
-            f"{'on' if deterministic else 'off'}: runs 2 and 3 equal run 1 on "
-            f"{equal[0]}/16 and {equal[1]}/16 rows; rows decoded alone equal the batch on {same_alone}/4")
+        say(f"{dtype}, {label}: runs 2 and 3 equal run 1 on {equal[0]}/16 and {equal[1]}/16 rows; "
+            f"rows decoded alone equal the batch on {same_alone}/4")
         del engine
-    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
     torch.use_deterministic_algorithms(False)
 
 
