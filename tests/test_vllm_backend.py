@@ -129,22 +129,40 @@ def test_a_model_vllm_cannot_load_fails_the_shards_with_one_line(tmp_path):
     assert "model type `nonsense`" in summary["error"]
 
 
+FALLBACK = r"""
+import json, sys
+from batchspec.runner.plan import plan_shards
+from batchspec.runner.worker import ShardWorker
+from batchspec.spec import load_spec
+spec = load_spec(sys.argv[1], json.loads(sys.argv[2]))
+shard = plan_shards(sys.argv[3])[0]
+worker = ShardWorker(spec.model_dump_json(), "job-1", backend="vllm")
+[summary] = worker.run([shard.to_json()])
+print("RESULT" + json.dumps({"summary": summary, "manifest": worker.runner.store.manifests()[shard.shard]}))
+"""
+
+
 def test_auto_falls_back_to_hf_for_a_model_vllm_cannot_serve(models_dir, tmp_path):
     """vLLM's CPU attention has no kernel for heads of 16, the test models' shape; vLLM finds out
     at the first forward. On auto the actor then loads the hf engine, which serves the model, and
-    its manifests (and the driver's log) say why; on backend vllm the shards fail (test above)."""
-    from batchspec.runner.plan import plan_shards
-    from batchspec.runner.worker import ShardWorker
+    its manifests (and the driver's log) say why; on backend vllm the shards fail (test above).
+    In a process of its own: on CPU, a vLLM engine started in a process where an n-gram engine
+    started fails (VLLMBackend.load), and this module's engine is started after this test."""
+    import json
+    import subprocess
+    import sys
 
     _require_vllm()
     target = models_dir / "llama-target"
-    spec = load_spec(DEMO_JOB, [f"model.target={target}", "model.backend=auto", "model.draft.kind=ngram",
-                                f"output.path={tmp_path / 'out'}", "generation.max_new_tokens=8"])
-    worker = ShardWorker(spec.model_dump_json(), "job-1", backend="vllm")
-    shard = plan_shards(str(ROOT / "jobs/data/legal"))[0]
-    [summary] = worker.run([shard.to_json()])
-    assert summary["status"] == "done", summary
-    m = worker.runner.store.manifests()[shard.shard]
+    sets = [f"model.target={target}", "model.backend=auto", "model.draft.kind=ngram",
+            f"output.path={tmp_path / 'out'}", "generation.max_new_tokens=8"]
+    proc = subprocess.run([sys.executable, "-c", FALLBACK, str(DEMO_JOB), json.dumps(sets), str(ROOT / "jobs/data/legal")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT")]
+    assert lines, proc.stderr[-3000:]
+    res = json.loads(lines[0][6:])
+    assert res["summary"]["status"] == "done", res["summary"]
+    m = res["manifest"]
     assert m["backend"] == "hf" and m["rows_out"] == 24
     assert m["backend_note"].startswith(f"auto: vLLM cannot serve {target}: its first forward failed")
     assert "head_dim=16" in m["backend_note"] and m["backend_note"].endswith("; batchspec's own engine serves it")
