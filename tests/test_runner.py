@@ -346,9 +346,21 @@ def test_lease_of_a_dead_local_process_is_taken_over_at_once(tmp_path):
     with pytest.raises(LeaseHeld, match="in use by job killed-run"):  # alive: refused
         Lease(store, "second").acquire()
     child.kill()
-    child.wait()
+    _wait_for_zombie(child.pid)  # killed, not yet reaped by its parent (this test): dead all the same
     note = Lease(store, "third").acquire()
     assert "took over the lease of job killed-run" in note and f"process {child.pid} on this host is gone" in note
+    child.wait()
+
+
+def _wait_for_zombie(pid: int) -> None:
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + 10
+    while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the killed child never became a zombie"
+        time.sleep(0.01)
 
 
 def test_lease_on_another_host_goes_stale_after_missed_heartbeats(tmp_path):

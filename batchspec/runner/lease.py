@@ -37,11 +37,14 @@ class LeaseHeld(RuntimeError):
 
 
 def _process_started(pid: int) -> float | None:
-    """When process `pid` on this host started (epoch s), or None if there is no such process."""
+    """When process `pid` on this host started (epoch s), or None if there is no such process or
+    only its zombie is left (a killed driver whose parent has not reaped it yet: `rerun` one second
+    after a SIGKILL from a backgrounded shell found the lease "in use", heartbeat 3 s ago)."""
     import psutil
 
     try:
-        return psutil.Process(pid).create_time()
+        process = psutil.Process(pid)
+        return None if process.status() == psutil.STATUS_ZOMBIE else process.create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
         return None
 
