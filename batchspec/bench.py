@@ -169,10 +169,11 @@ def _configurations(engine, model, tok, prompts, ids, config, cfg, bs) -> dict[s
 
 def _count_rows_equal(samples: dict[str, list[dict]], plain_ids: list[list[int]]) -> None:
     """Greedy agreement: in every repetition, how many rows equal batchspec plain's first run token
-    for token. Speculation is lossless in exact arithmetic; in bf16 on a GPU, verifying k+1 positions
-    at once rounds differently from decoding one at a time, and this count shows whether that flips
-    any greedy token. (Not counted for transformers' generate: its min_new_tokens, which keeps rows
-    going to max_new_tokens, masks EOS out of the argmax.)"""
+    for token. In fp32 anything below the batch size is a defect. In bf16 on a GPU, plain decoding
+    did not reproduce itself either (docs/engine.md): read a speculative row's count against the
+    plain row's, which is its later runs against its first. (Not counted for transformers'
+    generate: its min_new_tokens, which keeps rows going to max_new_tokens, masks EOS out of the
+    argmax.)"""
     for reps in samples.values():
         for r in reps:
             if "ids" in r:
