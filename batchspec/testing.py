@@ -284,6 +284,22 @@ def build_arch_model(out_dir: str | Path, arch: str, tokenizer_dir: str | Path, 
     return out_dir
 
 
+def transformers_greedy(model, rows: list[list[int]], max_new_tokens: int, eos: tuple[int, ...] | list[int],
+                        pad_token_id: int | None) -> list[list[int]]:
+    """The exactness reference: transformers' own greedy `generate`, one row at a time (no
+    padding), each row's new token ids."""
+    import torch
+
+    refs = []
+    for row in rows:
+        with torch.inference_mode():
+            out = model.generate(torch.tensor([row]), attention_mask=torch.ones(1, len(row), dtype=torch.long),
+                                 max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                                 eos_token_id=list(eos), pad_token_id=pad_token_id)
+        refs.append(out[0, len(row):].tolist())
+    return refs
+
+
 def lossless_cell(target_dir: str | Path, kind: str, prompts: list[str], max_new_tokens: int = 20,
                   draft_dir: str | Path | None = None) -> str:
     """One cell of the architecture matrix: "exact", "exact (plain: ...)" when the engine chose not
@@ -307,13 +323,8 @@ def lossless_cell(target_dir: str | Path, kind: str, prompts: list[str], max_new
     ids = engine.tokenize(prompts)
     got, _ = engine.generate(ids, max_new_tokens=max_new_tokens, speculate=kind != "none", draft_length=3)
     ref_model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
-    wrong = 0
-    for row, out in zip(ids, got):
-        with torch.inference_mode():
-            ref = ref_model.generate(torch.tensor([row]), attention_mask=torch.ones(1, len(row), dtype=torch.long),
-                                     max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-                                     eos_token_id=list(engine.eos), pad_token_id=engine.tokenizer.pad_token_id)
-        wrong += ref[0, len(row):].tolist() != out.token_ids
+    refs = transformers_greedy(ref_model, ids, max_new_tokens, engine.eos, engine.tokenizer.pad_token_id)
+    wrong = sum(ref != out.token_ids for ref, out in zip(refs, got))
     if wrong:
         return f"MISMATCH {wrong}/{len(prompts)} rows"
     if kind != "none" and engine.window is not None:

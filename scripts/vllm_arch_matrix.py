@@ -62,23 +62,13 @@ print("RESULT" + json.dumps(out))
 
 def reference(target: Path, prompts: list[str], max_new: int) -> tuple[list[list[int]], list[list[int]]]:
     """Prompt ids as the engines encode them, and transformers' greedy continuations, one row at a time."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from batchspec.engine.models import encode_prompts, eos_token_ids, load_model
+    from batchspec.testing import transformers_greedy
 
     loaded = load_model(str(target), "cpu", "float32")
     ids = encode_prompts(loaded.tokenizer, prompts)
-    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
-    eos = list(eos_token_ids(loaded.model, loaded.tokenizer))
-    refs = []
-    for row in ids:
-        with torch.inference_mode():
-            out = model.generate(torch.tensor([row]), attention_mask=torch.ones(1, len(row), dtype=torch.long),
-                                 max_new_tokens=max_new, do_sample=False, num_beams=1, eos_token_id=eos,
-                                 pad_token_id=loaded.tokenizer.pad_token_id)
-        refs.append(out[0, len(row):].tolist())
-    return ids, refs
+    eos = eos_token_ids(loaded.model, loaded.tokenizer)
+    return ids, transformers_greedy(loaded.model, ids, max_new, eos, loaded.tokenizer.pad_token_id)
 
 
 def cell(target: Path, kind: str, draft: Path | None, ids: list[list[int]], refs: list[list[int]]) -> str:
