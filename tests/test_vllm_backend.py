@@ -206,6 +206,19 @@ def test_only_auto_falls_back_and_only_to_a_draft_kind_hf_serves(models_dir, tmp
 
     r = runner("model.backend=auto", "model.draft.kind=ngram")
     assert r.engine.name == "hf" and r.backend_note == "auto: vLLM cannot serve it: no; batchspec's own engine serves it"
+    # The actor gives the engine that runs its CPU threads: hf after the fallback.
+    import torch
+
+    from batchspec.runner.worker import ShardWorker
+
+    before = torch.get_num_threads()
+    try:
+        spec = load_spec(DEMO_JOB, [f"model.target={models_dir / 'llama-target'}", "model.backend=auto",
+                                    "model.draft.kind=ngram", f"output.path={tmp_path / 'out'}"])
+        worker = ShardWorker(spec.model_dump_json(), "job-1", threads=1, backend="vllm")
+        assert worker.runner.engine.name == "hf" and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
     with pytest.raises(ModelLoadError, match="cannot serve it"):
         runner("model.backend=vllm", "model.draft.kind=ngram")
     with pytest.raises(ModelLoadError, match="cannot serve it"):

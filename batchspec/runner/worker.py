@@ -651,16 +651,14 @@ class ShardWorker:
         configure_worker_logging()
         # vLLM logs at INFO through its own handler; follow batchspec's level (--quiet = WARNING).
         os.environ.setdefault("VLLM_LOGGING_LEVEL", os.environ.get("BATCHSPEC_LOG_LEVEL", "INFO"))
-        if threads and backend != "vllm":  # vLLM binds its own CPU threads
-            import torch
-
-            torch.set_num_threads(threads)
         from ..engine.models import ModelLoadError
 
         self.runner, self.load_error = None, None
         try:
             self.runner = ShardRunner(JobSpec.model_validate_json(spec_json), job_id, backend=backend)
-            if threads and backend == "vllm" and self.runner.engine.name == "hf":  # auto fell back
+            # The engine that runs, not the one asked for: auto falls back to hf when vLLM cannot
+            # serve the model. vLLM binds its own CPU threads.
+            if threads and self.runner.engine.name == "hf":
                 import torch
 
                 torch.set_num_threads(threads)
