@@ -408,17 +408,21 @@ def main() -> None:
         ap.error("--busy applies to the job runs, not to --engine-path or --switch")
     if args.temperature > 0 and (args.engine_path or args.switch):
         ap.error("--temperature applies to the job runs, not to --engine-path or --switch")
+
+    def jobs(tmp: Path) -> dict[str, Path]:
+        return write_jobs(tmp, args.jobs.split(","), args.llama_rows, args.temperature, args.demo_rows)
+
     if args.engine_path:
         tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
         results = {}
-        for name, job in write_jobs(tmp, args.jobs.split(","), args.llama_rows, args.temperature, args.demo_rows).items():
+        for name, job in jobs(tmp).items():
             print(name, flush=True)
             results[name] = engine_path(job, args.repeats)
         Path(args.out).write_text(json.dumps({"threads": os.cpu_count(), "engine_path": results}, indent=2))
         return
     if args.switch:
         tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
-        for name, job in write_jobs(tmp, args.jobs.split(","), args.llama_rows, args.temperature, args.demo_rows).items():
+        for name, job in jobs(tmp).items():
             print(name)
             switch_cost(job)
         return
@@ -430,7 +434,7 @@ def main() -> None:
     configs += ["batchspec vllm auto+plain"] if args.plain_engine else []
     configs += ["batchspec vllm auto, Ray up"] if args.running_ray else []
     configs += [] if args.no_hf else ["batchspec hf auto"]
-    for name, job in write_jobs(tmp, args.jobs.split(","), args.llama_rows, args.temperature, args.demo_rows).items():
+    for name, job in jobs(tmp).items():
         spec = load_spec(job)
         ids, prompt_ids = job_prompts(spec)
         runs: dict[str, list] = {}
