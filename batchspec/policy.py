@@ -407,11 +407,11 @@ class StepArms:
         return len(self.arms) > 1 and all(self.steps[k][0] for k in self.arms)
 
     def summary(self) -> str:
-        rates, matched = self.rates(), self.costs_kept()
+        rates, costs_kept = self.rates(), self.costs_kept()
         parts = [f"{'plain' if k == 0 else f'k={k}'} {rates[k]:.0f} tokens/s"
-                 + ("" if matched else f" at {self.fastest_rows[k]} rows") for k in self.arms if k in rates]
+                 + ("" if costs_kept else f" at {self.fastest_rows[k]} rows") for k in self.arms if k in rates]
         kept = "plain" if self.k == 0 else f"k={self.k}"
-        at = f" at {self.rows} rows" if matched else "; rows finished meanwhile, so not kept as costs"
+        at = f" at {self.rows} rows" if costs_kept else "; rows finished meanwhile, so not kept as costs"
         return f"measured in the call ({self.measure_steps} steps each{at}): {' vs '.join(parts)}; kept {kept}"
 
 

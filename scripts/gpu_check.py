@@ -217,7 +217,8 @@ def main() -> int:
             say("```\n" + format_policy(p) + "\n```")
         if device == "auto" and torch.cuda.is_available():
             say(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     step("Plain decoding, run to run and row alone vs in a batch", 60,
          lambda: determinism(pair["target"], device, args.max_new_tokens, say), "determinism")
