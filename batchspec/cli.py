@@ -176,6 +176,10 @@ def submit(
     --set speculation.remember=false to start from nothing; docs/policy.md). On vLLM a call
     decided from such numbers still checks the acceptance its own steps deliver, and decodes
     plain for the rest of the call when speculation stops paying (the shard's manifest says so).
+
+    With model.backend auto, an actor whose vLLM engine cannot start the model (an architecture
+    or a draft pairing vLLM refuses) runs batchspec's own engine instead, and says so in a warning
+    and in each manifest's backend_note (docs/engine.md).
     """
     _run(job, set_, address, force, quiet, log_format, require_existing=False, worker_logs=worker_logs)
 
