@@ -154,10 +154,7 @@ def build_model(
     if init_std is None:
         _sharpen(model)
     if passthrough_from is not None:
-        with torch.no_grad():
-            for layer in model.model.layers[passthrough_from:]:
-                layer.self_attn.o_proj.weight.zero_()
-                layer.mlp.down_proj.weight.zero_()
+        damp_layers(model, passthrough_from, 0.0)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -167,6 +164,18 @@ def build_model(
     )
     (out_dir / "batchspec_model.json").write_text(json.dumps({"family": family, "size": size, "seed": seed}))
     return out_dir
+
+
+def damp_layers(model, first: int, scale: float) -> None:
+    """Scale the output projections of layers first.. (Llama family) by scale, in place: what they
+    write into the residual stream shrinks by that factor (at 0 they write nothing, and the model's
+    logits are those of its first `first` layers)."""
+    import torch
+
+    with torch.no_grad():
+        for layer in model.model.layers[first:]:
+            layer.self_attn.o_proj.weight.mul_(scale)
+            layer.mlp.down_proj.weight.mul_(scale)
 
 
 def build_repeater(out_dir: str | Path, tokenizer_dir: str | Path, size: str = "tiny") -> Path:

@@ -49,7 +49,7 @@ def build_pair(root: Path, size: str) -> tuple[Path, Path]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from batchspec.testing import _sharpen, build_tokenizer, model_config
+    from batchspec.testing import _sharpen, build_tokenizer, damp_layers, model_config
 
     target_dir, draft_dir = root / f"llama-{size}-target", root / f"llama-{size}-draft"
     if (target_dir / "config.json").exists() and (draft_dir / "config.json").exists():
@@ -61,10 +61,7 @@ def build_pair(root: Path, size: str) -> tuple[Path, Path]:
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         target = AutoModelForCausalLM.from_config(config)
     _sharpen(target)
-    with torch.no_grad():
-        for layer in target.model.layers[DRAFT_LAYERS:]:
-            layer.self_attn.o_proj.weight.mul_(TAIL_SCALE)
-            layer.mlp.down_proj.weight.mul_(TAIL_SCALE)
+    damp_layers(target, DRAFT_LAYERS, TAIL_SCALE)
     target.to(torch.bfloat16).save_pretrained(target_dir)
     tok.save_pretrained(target_dir)
     config.num_hidden_layers = DRAFT_LAYERS

@@ -172,7 +172,7 @@ def test_auto_falls_back_to_hf_for_a_model_vllm_cannot_serve(models_dir, tmp_pat
     assert res["summary"]["status"] == "done", res["summary"]
     m = res["manifest"]
     assert m["backend"] == "hf" and m["rows_out"] == 24
-    assert m["backend_note"].startswith(f"auto: vLLM cannot serve {target}: its first forward failed")
+    assert m["backend_note"].startswith(f"auto: vLLM cannot serve {target} with draft ngram: its first forward failed")
     assert "head_dim=16" in m["backend_note"] and m["backend_note"].endswith("; batchspec's own engine serves it")
 
 

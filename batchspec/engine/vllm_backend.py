@@ -118,9 +118,14 @@ def _engine(LLM, args: dict, spec_model):
     except Exception as e:
         errors = getattr(e, "errors", None)  # pydantic: the validator's message, not "1 validation error for ..."
         reason = errors()[0].get("msg", str(e)) if callable(errors) and errors() else str(e)
-        d = spec_model.draft
-        draft = "" if d.kind == "none" else f" with draft {d.kind}" + (f" {d.path}" if d.path and d.kind != "ngram" else "")
-        raise ModelLoadError(f"vLLM cannot serve {spec_model.target}{draft}: {error_line(e, 400, reason)}") from e
+        raise ModelLoadError(f"vLLM cannot serve {_what(spec_model)}: {error_line(e, 400, reason)}") from e
+
+
+def _what(spec_model) -> str:
+    """The target and its draft, as an error names them: 'models/t with draft model models/d'."""
+    d = spec_model.draft
+    draft = "" if d.kind == "none" else f" with draft {d.kind}" + (f" {d.path}" if d.path and d.kind != "ngram" else "")
+    return f"{spec_model.target}{draft}"
 
 
 def _expand_batch_to_tokens(x, cu_num_tokens, num_tokens: int, replace_from=0, replace_to=0):
@@ -324,7 +329,7 @@ class VLLMBackend:
             # "Unsupported CPU attention configuration: head_dim=16": a model it cannot serve.
             from .models import ModelLoadError
 
-            raise ModelLoadError(f"vLLM cannot serve {spec_model.target}: its first forward failed: "
+            raise ModelLoadError(f"vLLM cannot serve {_what(spec_model)}: its first forward failed: "
                                  f"{error_line(e, 400)}") from e
         return backend
 

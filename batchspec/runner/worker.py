@@ -502,19 +502,18 @@ class ShardRunner:
                 self.policy.observe_round(t.k, t.draft_s, t.target_s, t.accepted, t.rejections)
         return outs
 
-    def _generate_block(self, batch: list[tuple["ShardWork", RowInput]], decision: Decision,
-                        wave: bool = False) -> Decision:
+    def _generate_block(self, batch: list[tuple["ShardWork", RowInput]], decision: Decision) -> Decision:
         """One engine call over rows (possibly of several shards) under one decision; records each
         row's result in its shard and feeds what the call measured to the policy. Returns the
         decision the rows ran under (what a measuring call kept)."""
-        rule = self.draft_length(decision.k, len(batch), strict=wave) if decision.speculate else None
+        rule = self.draft_length(decision.k, len(batch)) if decision.speculate else None
         if isinstance(rule, StepArms) and len(rule.arms) > 1 and len(batch) > self.engine.max_batch:
             # Measuring needs clean steps at the call's full concurrency, and a call of more rows
             # than the engine runs at once has almost none: as rows finish, every step admits the
             # next ones. Its first max_num_seqs rows measure; the rest follow in one call under
             # what they kept, recorded in the manifests of their shards too.
             first, batch = batch[:self.engine.max_batch], batch[self.engine.max_batch:]
-            kept = self._generate_block(first, decision, wave=True)
+            kept = self._run_block(first, decision, self.draft_length(decision.k, len(first), strict=True))
             if kept is not decision:
                 measured = {id(w) for w, _ in first}
                 self._record([(w, r) for w, r in batch if id(w) not in measured], kept)
@@ -522,6 +521,10 @@ class ShardRunner:
             rule = self.draft_length(decision.k, len(batch)) if decision.speculate else None
             if isinstance(rule, StepArms) and len(rule.arms) > 1:  # its costs were not kept: k as measured
                 rule = StepArms((decision.k,))
+        return self._run_block(batch, decision, rule)
+
+    def _run_block(self, batch: list[tuple["ShardWork", RowInput]], decision: Decision, rule) -> Decision:
+        """The engine call itself under a draft-length rule; what the rows ran under is returned."""
         outs = self._call([r for _, r in batch], self.spec.generation.max_new_tokens, decision.speculate, rule)
         self.policy.observe_rows([o.stats.completion_tokens for o in outs if o.error is None])
         if isinstance(rule, StepArms):
