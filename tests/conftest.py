@@ -127,15 +127,31 @@ def fault_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def ray_session(fault_file):
-    """One local Ray for the whole session (starting Ray costs seconds)."""
+    """One local Ray for the whole session (starting Ray costs seconds), its workers born with what
+    `batchspec submit`'s own local Ray gives them for a vllm job (init_ray's worker_env)."""
     import ray
 
-    from batchspec.runner.job import init_ray
+    from batchspec.runner.job import actor_env_vars, init_ray
 
     os.environ["BATCHSPEC_FAULT_FILE"] = str(fault_file)
-    init_ray(num_cpus=2)
+    init_ray(num_cpus=2, worker_env=actor_env_vars("vllm", 2))
     yield ray
     ray.shutdown()
+
+
+def result_of(code: str, *args: str, env: dict | None = None, timeout: int = 600) -> dict:
+    """Run `code` in a Python process of its own and return the JSON it printed after RESULT: for
+    what must not meet this session's Ray or engines. On CPU, a vLLM engine started in a process
+    where an n-gram engine started fails (VLLMBackend.load)."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1], env=env, timeout=timeout)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT")]
+    assert lines, proc.stderr[-3000:]
+    return json.loads(lines[0][6:])
 
 
 def write_prompt_shards(write, n_shards: int, rows: int, prefix: str = "prompts", seed: int = 0) -> list[str]:

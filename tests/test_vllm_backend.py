@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import result_of
 
 from batchspec.engine.backend import choose_backend, vllm_installed
 from batchspec.spec import load_spec
@@ -129,21 +130,6 @@ def test_a_model_vllm_cannot_load_fails_the_shards_with_one_line(tmp_path):
     assert "model type `nonsense`" in summary["error"]
 
 
-def _result_of(code: str, *args: str, env: dict | None = None, timeout: int = 600) -> dict:
-    """Run `code` in a Python process of its own and return the JSON it printed after RESULT. On
-    CPU, a vLLM engine started in a process where an n-gram engine started fails (VLLMBackend.load),
-    so engines this module's own engine must not meet start there."""
-    import json
-    import subprocess
-    import sys
-
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, env=env,
-                          timeout=timeout)
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT")]
-    assert lines, proc.stderr[-3000:]
-    return json.loads(lines[0][6:])
-
-
 FALLBACK = r"""
 import json, sys
 from batchspec.runner.plan import plan_shards
@@ -161,14 +147,14 @@ def test_auto_falls_back_to_hf_for_a_model_vllm_cannot_serve(models_dir, tmp_pat
     """vLLM's CPU attention has no kernel for heads of 16, the test models' shape; vLLM finds out
     at the first forward. On auto the actor then loads the hf engine, which serves the model, and
     its manifests (and the driver's log) say why; on backend vllm the shards fail (test above).
-    In a process of its own (_result_of): this module's engine starts after this test."""
+    In a process of its own (result_of): this module's engine starts after this test."""
     import json
 
     _require_vllm()
     target = models_dir / "llama-target"
     sets = [f"model.target={target}", "model.backend=auto", "model.draft.kind=ngram",
             f"output.path={tmp_path / 'out'}", "generation.max_new_tokens=8"]
-    res = _result_of(FALLBACK, str(DEMO_JOB), json.dumps(sets), str(ROOT / "jobs/data/legal"))
+    res = result_of(FALLBACK, str(DEMO_JOB), json.dumps(sets), str(ROOT / "jobs/data/legal"))
     assert res["summary"]["status"] == "done", res["summary"]
     m = res["manifest"]
     assert m["backend"] == "hf" and m["rows_out"] == 24
@@ -319,7 +305,7 @@ def test_vllm_loads_target_and_draft_from_s3(s3_apart, tmp_path, demo_prompt_ids
         fs.put(str(ROOT / "models" / name), f"{bucket}/models/{name}", recursive=True)
     sets = [f"model.target={bucket}/models/legal-target", f"model.draft.path={bucket}/models/legal-draft",
             f"model.storage_options={json.dumps(opts)}"]
-    res = _result_of(S3_LOAD, str(DEMO_JOB), json.dumps(sets), json.dumps(demo_prompt_ids[:8]),
+    res = result_of(S3_LOAD, str(DEMO_JOB), json.dumps(sets), json.dumps(demo_prompt_ids[:8]),
                      env={**os.environ, "BATCHSPEC_CACHE": str(tmp_path / "cache")}, timeout=300)
     assert res["ids"] == hf_reference[0][:8] and res["drafted"] > 0
     assert res["model"].startswith(str(tmp_path / "cache"))  # vLLM read the fetched copy
