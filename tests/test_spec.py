@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import local_writer, write_prompt_shards
 from typer.testing import CliRunner
@@ -92,6 +93,19 @@ def test_validate_catches_missing_column_and_bad_type(models_dir, tmp_path):
     local_writer(tmp_path / "in")("ints.parquet", pa.table({"prompt": [1, 2], "doc_id": ["a", "b"]}))
     res = CliRunner().invoke(app, ["validate", str(_job(tmp_path, models_dir))])
     assert res.exit_code == 2 and "is int64, not text" in res.output
+
+
+def test_validate_takes_dictionary_encoded_text_as_text(models_dir, tmp_path):
+    """pandas writes a Categorical column as dictionary<string>; submit reads its values as text,
+    so validate must not refuse it (it did: "is dictionary<values=string, ...>, not text")."""
+    import pandas as pd
+
+    (tmp_path / "in").mkdir()
+    pd.DataFrame({"prompt": pd.Categorical(["a contract", "another", "a contract"]), "doc_id": ["a", "b", "c"]}) \
+        .to_parquet(tmp_path / "in" / "cat.parquet")
+    assert pa.types.is_dictionary(pq.read_schema(tmp_path / "in" / "cat.parquet").field("prompt").type)
+    res = CliRunner().invoke(app, ["validate", str(_job(tmp_path, models_dir))])
+    assert res.exit_code == 0, res.output
 
 
 def test_validate_catches_unknown_key_and_unreachable_input(models_dir, tmp_path):

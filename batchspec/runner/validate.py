@@ -33,8 +33,12 @@ def _column_problem(field_type, fmt: str) -> str | None:
     if fmt == "chat":
         return None if pa.types.is_list(field_type) or pa.types.is_large_list(field_type) else \
             f"is {field_type}, but format: chat needs a list of {{role, content}} structs"
-    if pa.types.is_string(field_type) or pa.types.is_large_string(field_type) or pa.types.is_binary(field_type) \
-            or pa.types.is_large_binary(field_type) or pa.types.is_null(field_type):
+    # Dictionary-encoded text is text: what pandas writes for a Categorical column (the worker reads
+    # its values as strings; validate used to refuse what submit then ran).
+    values = field_type.value_type if pa.types.is_dictionary(field_type) else field_type
+    if any(is_(values) for is_ in (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view,
+                                   pa.types.is_binary, pa.types.is_large_binary, pa.types.is_binary_view,
+                                   pa.types.is_null)):
         return None
     return f"is {field_type}, not text (string)"
 
