@@ -108,6 +108,16 @@ def test_validate_takes_dictionary_encoded_text_as_text(models_dir, tmp_path):
     assert res.exit_code == 0, res.output
 
 
+def test_validate_names_ids_repeated_across_shards(models_dir, tmp_path):
+    write = local_writer(tmp_path / "in")
+    write("a.parquet", pa.table({"prompt": ["one", "two"], "doc_id": ["x", "y"]}))
+    res = CliRunner().invoke(app, ["validate", str(_job(tmp_path, models_dir))])
+    assert res.exit_code == 0 and "repeated across shards" not in res.output, res.output
+    write("b.parquet", pa.table({"prompt": ["three", "four"], "doc_id": ["z", "x"]}))
+    res = CliRunner().invoke(app, ["validate", str(_job(tmp_path, models_dir))])
+    assert res.exit_code == 0 and "note: id 'x' is in shards a, b: ids repeated across shards" in res.output, res.output
+
+
 def test_validate_catches_unknown_key_and_unreachable_input(models_dir, tmp_path):
     job = _job(tmp_path, models_dir)
     data = json.loads(job.read_text())

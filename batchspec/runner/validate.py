@@ -80,6 +80,10 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
     distinct = {tuple(sorted(zip(sc.names, map(str, sc.types)))) for sc in schemas.values()}
     if len(distinct) > 1:
         v.notes.append(f"input files have {len(distinct)} different schemas; only the job's columns are read")
+    if spec.input.id_column and not v.problems:
+        note = _ids_across_shards(v.shards, spec)
+        if note:
+            v.notes.append(note)
     backend = None
     try:
         backend, why = pick_backend(spec)
@@ -97,6 +101,31 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
         except Exception as e:  # output store unreachable
             v.problems.append(f"output {spec.output.path}: {error_line(e)}")
     return v
+
+
+def _ids_across_shards(shards: list[Shard], spec: JobSpec) -> str | None:
+    """A note naming ids that occur in more than one shard (only the id column is read). Within a
+    shard the worker makes a repeated id an error row; across shards both rows are generated, and
+    a join of the output back to its input by id then doubles rows."""
+    from .worker import ShardReadError, read_shard
+
+    first_shard: dict[str, str] = {}
+    repeated: dict[str, list[str]] = {}
+    for s in shards:
+        try:
+            ids = read_shard(s, spec, [spec.input.id_column]).column(0).to_pylist()
+        except ShardReadError:  # that shard fails on its own when it runs
+            continue
+        for value in set(ids) - {None}:
+            key = str(value)
+            if first_shard.setdefault(key, s.shard) != s.shard:
+                repeated.setdefault(key, [first_shard[key]]).append(s.shard)
+    if not repeated:
+        return None
+    key, where = next(iter(repeated.items()))
+    more = f" (and {len(repeated) - 1} more ids)" if len(repeated) > 1 else ""
+    return (f"id '{key}' is in shards {', '.join(where)}{more}: ids repeated across shards are generated "
+            f"once per shard; use unique ids to join the output back to its input")
 
 
 def learned_draft_problem(path: str, kind: str) -> None:

@@ -77,13 +77,13 @@ class ShardReadError(RuntimeError):
     """The shard's file cannot be read or lacks a required column: the shard fails, alone."""
 
 
-def read_shard(shard: Shard, spec: JobSpec) -> pa.Table:
-    """The shard's rows (only the columns the job needs), read with pyarrow through fsspec."""
+def read_shard(shard: Shard, spec: JobSpec, columns: list[str] | None = None) -> pa.Table:
+    """The shard's rows (the columns the job needs, or those named), read with pyarrow through fsspec."""
     import fsspec
 
     if shard.plan_error:
         raise ShardReadError(f"{shard.path}: {shard.plan_error}")
-    columns = needed_columns(spec)
+    columns = columns or needed_columns(spec)
     try:
         fs, path = fsspec.core.url_to_fs(shard.path, **spec.input.storage_options)
         with fs.open(path, "rb") as fh:
