@@ -183,8 +183,10 @@ class SpecError(ValueError):
     """The job spec is invalid; str() is a readable list of problems."""
 
 
-def parse_overrides(pairs: list[str]) -> dict:
-    """["generation.max_new_tokens=64", "model.draft.kind=ngram"] -> nested dict (values parsed as YAML)."""
+def parse_overrides(pairs: list[str], as_text: frozenset[tuple[str, ...]] = frozenset()) -> dict:
+    """["generation.max_new_tokens=64", "model.draft.kind=ngram"] -> nested dict. Values are parsed
+    as YAML; one that is not valid YAML is its text ('{"summary": ...} for: {contract}'), and so is
+    the value of every key path in as_text."""
     import yaml
 
     out: dict = {}
@@ -193,10 +195,13 @@ def parse_overrides(pairs: list[str]) -> dict:
             raise SpecError(f"--set expects key.path=value, got {pair!r}")
         key, raw = pair.split("=", 1)
         node = out
-        parts = key.strip().split(".")
+        parts = tuple(key.strip().split("."))
         for part in parts[:-1]:
             node = node.setdefault(part, {})
-        node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+        try:
+            node[parts[-1]] = raw if raw == "" or parts in as_text else yaml.safe_load(raw)
+        except yaml.YAMLError:
+            node[parts[-1]] = raw
     return out
 
 
@@ -211,9 +216,17 @@ def _merge(base: dict, extra: dict) -> dict:
 
 
 def spec_from_dict(data: dict, overrides: list[str] | None = None) -> JobSpec:
-    data = _merge(data or {}, parse_overrides(overrides or []))
     try:
-        return JobSpec.model_validate(data)
+        return JobSpec.model_validate(_merge(data or {}, parse_overrides(overrides or [])))
+    except ValidationError as e:
+        # YAML reads "{contract}" or "Summary: {contract}" as a mapping; where a --set value
+        # parsed so lands on a text setting, the user meant the text.
+        keys = {tuple(p.split("=", 1)[0].strip().split(".")) for p in overrides or [] if "=" in p}
+        texts = frozenset(tuple(map(str, err["loc"])) for err in e.errors() if err["type"] == "string_type") & keys
+        if not texts:
+            raise SpecError(_explain(e)) from None
+    try:
+        return JobSpec.model_validate(_merge(data or {}, parse_overrides(overrides or [], texts)))
     except ValidationError as e:
         raise SpecError(_explain(e)) from None
 

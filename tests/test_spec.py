@@ -31,6 +31,17 @@ def test_overrides_parse_yaml_values():
     assert spec.model.draft.kind == "ngram" and spec.speculation.mode == "off"
 
 
+def test_a_set_value_for_a_text_setting_is_its_text_even_where_yaml_reads_a_mapping():
+    """YAML reads '{contract}' and 'Summary: {contract}' as mappings and refuses '{"a": 1} for:
+    {contract}' (a traceback, before); on a text setting the user meant the text."""
+    for template in ("{contract}", "Summary: {contract}", 'Return JSON like {"summary": "..."} for: {contract}',
+                     "Summarize.\n{contract}\nSummary:"):
+        assert spec_from_dict(BASE, [f"input.template={template}"]).input.template == template
+    assert spec_from_dict(BASE, ["model.draft={kind: ngram}"]).model.draft.kind == "ngram"  # a mapping where one is meant
+    with pytest.raises(SpecError, match="generation.max_new_tokens: Input should be a valid integer"):
+        spec_from_dict(BASE, ["generation.max_new_tokens={x"])
+
+
 def test_unknown_key_suggests_the_right_one():
     with pytest.raises(SpecError, match=r"generation.max_new_token: unknown key; did you mean 'max_new_tokens'\?"):
         spec_from_dict({**BASE, "generation": {"max_new_token": 3}})
