@@ -119,8 +119,9 @@ class ResourcesSpec(_Strict):
     batch_size: int = Field(8, ge=1, description="Rows per micro-batch inside a shard (hf backend); on vllm, the size of "
                             "the probe that measures acceptance before a shard's rows go to the engine at once.")
     shards_per_call: int | None = Field(
-        None, ge=1, description="Shards an actor takes at a time. Default: 1 on hf; on vllm, an equal share of the "
-        "job's shards per actor, at most 8, so that shards with the same decision share one engine call.")
+        None, ge=1, description="Shards an actor takes at a time. Default: 1 on hf; on vllm, consecutive shards until "
+        "the call holds 8 of them and as many rows as vLLM runs at once (max_num_seqs, 256), never more than an equal "
+        "share of the job's shards per actor, so that shards with the same decision share one engine call.")
 
 
 class CostSpec(_Strict):

@@ -46,3 +46,28 @@ def test_an_actor_that_cannot_start_fails_every_batch_in_one_line_and_does_not_h
     for m in got.values():
         assert m["status"] == "failed" and "\n" not in m["error"]
         assert m["error"].startswith("shard actor died: ") and "no such device: cuda:7" in m["error"], m["error"]
+
+
+def test_vllm_calls_hold_enough_rows_for_vllms_batch_and_at_most_an_actors_share():
+    """plan_calls: many small files fill vLLM's batch (256 rows by default) instead of 8 shards a
+    call; large shards still go 8 a call; an actor never takes more than its equal share; hf and
+    an explicit shards_per_call are a fixed count."""
+    from batchspec.runner.job import plan_calls
+    from batchspec.runner.plan import Shard
+    from batchspec.spec import ResourcesSpec
+
+    def shards(n, rows):
+        return [Shard(f"s{i}", f"/in/s{i}.parquet", 0, rows, {}) for i in range(n)]
+
+    def sizes(calls):
+        return [len(c) for c in calls]
+
+    one = ResourcesSpec(actors=1)
+    assert sizes(plan_calls(shards(200, 2), "vllm", one, {})) == [128, 72]
+    assert sizes(plan_calls(shards(200, 2), "vllm", one, {"max_num_seqs": 64})) == [32] * 6 + [8]
+    assert sizes(plan_calls(shards(4, 24), "vllm", one, {})) == [4]
+    assert sizes(plan_calls(shards(32, 192), "vllm", one, {})) == [8, 8, 8, 8]
+    assert sizes(plan_calls(shards(10, 2), "vllm", ResourcesSpec(actors=2), {})) == [5, 5]
+    calls = plan_calls(shards(5, 2), "hf", one, {})
+    assert sizes(calls) == [1] * 5 and [s.shard for c in calls for s in c] == [f"s{i}" for i in range(5)]
+    assert sizes(plan_calls(shards(7, 500), "vllm", ResourcesSpec(actors=1, shards_per_call=3), {})) == [3, 3, 1]
