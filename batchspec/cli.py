@@ -80,11 +80,12 @@ def _run(job: str, overrides: list[str], address: Optional[str], force: bool, qu
         st = e.status["shards"]
         # `rerun` needs a recorded job; interrupted while joining Ray, a new output has none yet.
         verb = "rerun" if e.recorded or require_existing else "submit"
-        typer.echo(f"interrupted: {st['done']} of {st['total']} shard(s) done, {st['pending'] + st['failed']} not done; "
+        what = "terminated (SIGTERM)" if e.terminated else "interrupted"
+        typer.echo(f"{what}: {st['done']} of {st['total']} shard(s) done, {st['pending'] + st['failed']} not done; "
                    f"`batchspec {verb} {again}` runs only those", err=True)
         if not ray_was_running:
             _stop_ray()  # recorded, or nothing written; a second Ctrl-C must not break Ray's shutdown
-        raise typer.Exit(130)
+        raise typer.Exit(143 if e.terminated else 130)  # 128 + the signal, as a shell reports it
     progress.summary(result)
     if not result.ok:
         typer.echo(f"error: {len(result.failed)} shard(s) failed: {', '.join(sorted(result.failed))}. Fix the cause, then "

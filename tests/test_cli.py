@@ -83,9 +83,9 @@ def test_quiet_prints_nothing_on_success_and_json_is_json(models_dir, tmp_path):
     assert all(r["logger"].startswith("batchspec") for r in records), msgs  # nothing foreign got through
 
 
-def interrupt_when(job: Path, tmp_path, *markers: str) -> tuple[int, str]:
-    """`batchspec submit JOB`, sent SIGINT as soon as its stderr shows each marker in turn: (exit
-    code, stderr)."""
+def interrupt_when(job: Path, tmp_path, *markers: str, sig: int = signal.SIGINT) -> tuple[int, str]:
+    """`batchspec submit JOB`, sent sig (SIGINT) as soon as its stderr shows each marker in turn:
+    (exit code, stderr)."""
     err = tmp_path / "stderr.txt"
     with open(err, "w") as f:
         # As a shell starts a foreground command: SIGINT at its default. A background job of a shell
@@ -97,7 +97,7 @@ def interrupt_when(job: Path, tmp_path, *markers: str) -> tuple[int, str]:
             deadline = time.time() + 240
             while marker not in err.read_text() and time.time() < deadline and proc.poll() is None:
                 time.sleep(0.02)
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
         code = proc.wait(timeout=60)
     return code, err.read_text()
 
@@ -135,6 +135,20 @@ def test_ctrl_c_records_the_run_and_says_how_to_continue(models_dir, tmp_path):
     assert res.returncode == 0, res.stderr
     st = json.loads(run_cli("status", str(job), "--format", "json").stdout)
     assert st["complete"] and st["shards"]["done"] == 12
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does(models_dir, tmp_path):
+    """What a scheduler sends at a timeout. Before, Ray's handlers printed a C++ stack dump and
+    exited, leaving job.json saying "running"; now the run is recorded as interrupted (by SIGTERM),
+    the lease released, and the exit code is 143 (128 + 15)."""
+    job = write_job(models_dir, tmp_path, name="termed", shards=12, rows=40, max_new=128)
+    code, text = interrupt_when(job, tmp_path, " rows | so far: ", sig=signal.SIGTERM)
+    assert code == 143, text
+    assert "terminated (SIGTERM): " in text and f"`batchspec rerun {job}` runs only those" in text, text
+    assert "SIGTERM received" not in text and "Traceback" not in text, text
+    record = json.loads((tmp_path / "termed-out" / "_batchspec" / "job.json").read_text())
+    assert record["status"] == "interrupted" and record["runs"][-1]["interrupted_by"] == "SIGTERM"
+    assert not (tmp_path / "termed-out" / "_batchspec" / "lease.json").exists()
 
 
 def test_ctrl_c_while_ray_starts_records_nothing_and_says_submit(models_dir, tmp_path):

@@ -308,14 +308,43 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
             except KeyboardInterrupt:  # nothing recorded yet (maybe not even job.json), so nothing to mark
                 counts = {"total": len(shards), "done": len(shards) - len(todo), "pending": len(todo), "failed": 0}
                 raise JobInterrupted(job_id, {"shards": counts}, recorded=False) from None
-        return _run(spec, store, shards, todo, job_id, on_shard, t0, backend)
+        with _sigterm_as_interrupt():
+            return _run(spec, store, shards, todo, job_id, on_shard, t0, backend)
     except JobInterrupted:
         raise
     except KeyboardInterrupt:
-        st = _interrupted(spec, store, shards, job_id, backend)
-        raise JobInterrupted(job_id, st) from None
+        terminated = _terminated.is_set()
+        st = _interrupted(spec, store, shards, job_id, backend, "SIGTERM" if terminated else "Ctrl-C")
+        raise JobInterrupted(job_id, st, terminated=terminated) from None
     finally:
         lease.release()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM during the block (a scheduler's timeout, `kill PID`) stops the run as Ctrl-C does:
+    recorded as interrupted, lease released, Ray stopped. Before, ray.init's own handler (sys.exit,
+    below Ray's C++ handler that prints six lines of '*** SIGTERM received ... PC: @') left job.json
+    saying "running". Entered after ray.init, which installs that handler. The handler raises a
+    plain KeyboardInterrupt and records the signal in _terminated: Ray turns a KeyboardInterrupt
+    raised inside ray.wait into a new one, so a subclass would not survive."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigterm(signum, frame):
+        _terminated.set()
+        raise KeyboardInterrupt
+
+    _terminated.clear()
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+_terminated = threading.Event()  # set by _sigterm_as_interrupt's handler
 
 
 @contextlib.contextmanager
@@ -348,23 +377,24 @@ def _ctrl_c_kept():
 
 
 class JobInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a run; `status` is status() of the output at that moment. recorded: False when
-    the run stopped before it was recorded (while joining Ray), so a new output has no job.json."""
+    """Ctrl-C (or SIGTERM: terminated) during a run; `status` is status() of the output at that
+    moment. recorded: False when the run stopped before it was recorded (while joining Ray), so a
+    new output has no job.json."""
 
-    def __init__(self, job_id: str, status: dict, recorded: bool = True):
+    def __init__(self, job_id: str, status: dict, recorded: bool = True, terminated: bool = False):
         super().__init__(job_id)
-        self.job_id, self.status, self.recorded = job_id, status, recorded
+        self.job_id, self.status, self.recorded, self.terminated = job_id, status, recorded, terminated
 
 
-def _interrupted(spec: JobSpec, store: OutputStore, shards: list[Shard], job_id: str, backend) -> dict:
+def _interrupted(spec: JobSpec, store: OutputStore, shards: list[Shard], job_id: str, backend, by: str) -> dict:
     job = store.read_job() or {}
     runs = job.get("runs") or [{"job_id": job_id}]
     st = status(spec.output.path, spec.output.storage_options)
-    runs[-1].update({"status": "interrupted", "finished_at": now_iso(), "done": st["shards"]["done"],
+    runs[-1].update({"status": "interrupted", "interrupted_by": by, "finished_at": now_iso(), "done": st["shards"]["done"],
                      "pending": st["shards"]["pending"] + st["shards"]["failed"]})
     job.update({"status": "interrupted", "runs": runs, "updated_at": now_iso()})
     store.write_job(job)
-    log_event(log, "job interrupted", logging.WARNING, job=job_id, done=st["shards"]["done"],
+    log_event(log, "job interrupted", logging.WARNING, job=job_id, by=by, done=st["shards"]["done"],
               pending=st["shards"]["pending"], failed=st["shards"]["failed"])
     return st
 
