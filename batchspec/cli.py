@@ -167,7 +167,8 @@ def submit(
     Example: batchspec submit jobs/summarize_legal.yaml --set resources.actors=2
 
     Prints a line per shard and a summary. Exit code 0 when every shard is committed, 1 when some
-    failed (rerun them), 2 on a usage error, 130 when interrupted (Ctrl-C; rerun continues).
+    failed (rerun them), 2 on a usage error, 130 when interrupted (Ctrl-C) and 143 when terminated
+    (SIGTERM, e.g. a scheduler's timeout); after either, rerun continues.
 
     An actor killed mid-shard (out of memory, a lost node) is restarted and the shard retried, 3
     attempts in all; a shard that kills its actor every time then fails alone (docs/operations.md).
