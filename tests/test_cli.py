@@ -83,6 +83,20 @@ def test_quiet_prints_nothing_on_success_and_json_is_json(models_dir, tmp_path):
     assert all(r["logger"].startswith("batchspec") for r in records), msgs  # nothing foreign got through
 
 
+def test_json_logs_with_worker_logs_give_each_actor_line_as_its_own_record(models_dir, tmp_path):
+    """--worker-logs forwards the actors' stderr through Ray, which prefixes each line with a
+    coloured "(ShardWorker pid=N)"; in JSON the actor's own record comes out with `actor` and
+    `pid`, not as the string of a "stderr" record."""
+    job = write_job(models_dir, tmp_path, name="wlogs")
+    res = run_cli("submit", str(job), "--log-format", "json", "--worker-logs")
+    assert res.returncode == 0, res.stderr
+    records = [json.loads(line) for line in res.stderr.splitlines()]
+    from_actor = [r for r in records if r.get("actor") == "ShardWorker"]
+    assert from_actor and all(isinstance(r["pid"], int) for r in from_actor), records
+    assert any(r["logger"].startswith("batchspec") for r in from_actor), from_actor  # the actor's records, parsed
+    assert not [r for r in records if "\x1b[" in str(r.get("msg")) or "pid=" in str(r.get("msg"))], records
+
+
 def interrupt_when(job: Path, tmp_path, *markers: str, sig: int = signal.SIGINT) -> tuple[int, str]:
     """`batchspec submit JOB`, sent sig (SIGINT) as soon as its stderr shows each marker in turn:
     (exit code, stderr)."""

@@ -110,6 +110,27 @@ def quiet_foreign_loggers() -> None:
 
 # "[2026-11-30 16:47:16,884 W 25974 25974] gcs_client.cc:210: message": Ray's C++ core on stderr.
 _RAY_CORE_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+ [A-Z] \d+ \d+\] (.*)$")
+# "\x1b[36m(ShardWorker pid=19036)\x1b[0m {...}": an actor's line forwarded by Ray (--worker-logs).
+_RAY_ACTOR_PREFIX = re.compile(r"^(?:\x1b\[[0-9;]*m)?\((\w+) pid=(\d+)(?:, ip=[^)]*)?\)(?:\x1b\[[0-9;]*m)? ?(.*)$")
+
+
+def json_line(line: str) -> str | None:
+    """One stderr line as one JSON log record, or None for a blank one. A JSON record passes as it
+    is. An actor's line that Ray forwarded is its own record with the actor named (`actor`, `pid`)
+    instead of a record of type "stderr" holding Ray's colour codes and the actor's JSON as a
+    string. Anything else is wrapped as {"level": "INFO", "logger": "stderr", "msg": line}."""
+    if not line.strip():
+        return None
+    actor = _RAY_ACTOR_PREFIX.match(line)
+    body, where = (actor.group(3), {"actor": actor.group(1), "pid": int(actor.group(2))}) if actor else (line, {})
+    try:
+        record = json.loads(body)
+    except ValueError:
+        record = None
+    if isinstance(record, dict):
+        return json.dumps({**record, **where}) if where else line
+    return json.dumps({"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()), "level": "INFO", "logger": "stderr",
+                       **where, "msg": body})
 
 
 def capture_stderr(fmt: str):
@@ -137,15 +158,9 @@ def capture_stderr(fmt: str):
 
     def emit(line: str) -> None:
         if fmt == "json":
-            if not line.strip():
+            line = json_line(line)
+            if line is None:
                 return
-            try:
-                is_record = isinstance(json.loads(line), dict)
-            except ValueError:
-                is_record = False
-            if not is_record:
-                line = json.dumps({"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()), "level": "INFO",
-                                   "logger": "stderr", "msg": line})
         out.write(line + "\n")
 
     def pump():
