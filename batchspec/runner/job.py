@@ -298,6 +298,7 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
         raise JobRefused(str(e)) from None
     if note:
         log_event(log, note, logging.WARNING, job=job_id)
+    _terminated.clear()  # an earlier run in this process may have been terminated
     try:
         if on_plan:
             on_plan(shards, todo)
@@ -336,7 +337,6 @@ def _sigterm_as_interrupt():
         _terminated.set()
         raise KeyboardInterrupt
 
-    _terminated.clear()
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
