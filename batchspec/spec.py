@@ -184,6 +184,11 @@ class SpecError(ValueError):
     """The job spec is invalid; str() is a readable list of problems."""
 
 
+def _key_path(pair: str) -> tuple[str, ...]:
+    """The key path of a --set pair: "generation.max_new_tokens=64" -> ("generation", "max_new_tokens")."""
+    return tuple(pair.split("=", 1)[0].strip().split("."))
+
+
 def parse_overrides(pairs: list[str], as_text: frozenset[tuple[str, ...]] = frozenset()) -> dict:
     """["generation.max_new_tokens=64", "model.draft.kind=ngram"] -> nested dict. Values are parsed
     as YAML; one that is not valid YAML is its text ('{"summary": ...} for: {contract}'), and so is
@@ -194,9 +199,8 @@ def parse_overrides(pairs: list[str], as_text: frozenset[tuple[str, ...]] = froz
     for pair in pairs:
         if "=" not in pair:
             raise SpecError(f"--set expects key.path=value, got {pair!r}")
-        key, raw = pair.split("=", 1)
+        parts, raw = _key_path(pair), pair.split("=", 1)[1]
         node = out
-        parts = tuple(key.strip().split("."))
         for part in parts[:-1]:
             node = node.setdefault(part, {})
         try:
@@ -222,7 +226,7 @@ def spec_from_dict(data: dict, overrides: list[str] | None = None) -> JobSpec:
     except ValidationError as e:
         # YAML reads "{contract}" or "Summary: {contract}" as a mapping; where a --set value
         # parsed so lands on a text setting, the user meant the text.
-        keys = {tuple(p.split("=", 1)[0].strip().split(".")) for p in overrides or [] if "=" in p}
+        keys = {_key_path(p) for p in overrides or [] if "=" in p}
         texts = frozenset(tuple(map(str, err["loc"])) for err in e.errors() if err["type"] == "string_type") & keys
         if not texts:
             raise SpecError(_explain(e)) from None
