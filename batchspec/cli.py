@@ -19,7 +19,8 @@ app = typer.Typer(
     no_args_is_help=True, add_completion=False, rich_markup_mode=None,
 )
 
-SET_HELP = "Override a spec key, e.g. --set generation.max_new_tokens=64 (repeatable)."
+SET_HELP = ("Override a spec key, e.g. --set generation.max_new_tokens=64 (repeatable). Values are YAML; a text "
+            "setting takes the value as written, e.g. --set 'input.template=Summary: {contract}'.")
 EXIT_FAILED_SHARDS, EXIT_USAGE = 1, 2
 
 
@@ -246,6 +247,9 @@ def validate(
     """Check a job without generating: spec, shards, input columns and types, models, output path.
 
     Example: batchspec validate jobs/summarize_legal.yaml
+
+    Also notes ids that occur in more than one shard (it reads every shard's id column): a run
+    generates each of them once per shard.
     """
     from .runner.validate import validate_job
 
