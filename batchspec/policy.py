@@ -221,9 +221,9 @@ class Policy:
         self.new_tokens_seen.extend(completion_tokens)
 
     # -- decisions ------------------------------------------------------------------------------
-    def predict(self, profile: LengthProfile, alpha: float, k: int) -> float:
+    def predict(self, profile: LengthProfile, alpha: float, k: int, costs: Costs | None = None) -> float:
         """Predicted shard speedup of speculation at (alpha, k) over plain decoding."""
-        c = self.costs
+        c = costs or self.costs
         P, N = profile.mean, profile.expected_new_tokens
         prefill = P * c.prefill_token_s
         plain = prefill + N * c.target_step_s
@@ -301,10 +301,13 @@ class StepArms:
     says why). A decision rests on acceptance seen before the call (earlier shards, or an earlier
     run's memory); without this, data that drafts badly ran the whole call at k: the demo pair on
     prompts of random tokens, deciding from the legal job's remembered 0.91, generated in 1.35-1.51
-    s where plain takes 0.73-0.78 s."""
+    s where plain takes 0.73-0.78 s. threshold: what the guard's prediction must reach, 1.0 for
+    a call decided "on"; a call that checks a remembered "off" (runner/worker.py) gives the
+    decision's own whole-call prediction and 1 + margin, which drops to 1.0 once passed."""
 
     def __init__(self, arms: tuple[int, ...], measure_steps: int = 2,
-                 guard: Callable[[float], float] | None = None, guard_passes: int = 64, strict: bool = False):
+                 guard: Callable[[float], float] | None = None, guard_passes: int = 64, strict: bool = False,
+                 threshold: float = 1.0):
         self.arms = tuple(dict.fromkeys(arms))
         self.measure_steps = measure_steps
         self.k = self.arms[0]
@@ -319,6 +322,7 @@ class StepArms:
         self.passes: dict[int, list[int]] = {}  # k > 0 -> [tokens, row passes, steps] over every clean step at k
         self.guard = guard if self.settled and self.k > 0 else None
         self.guard_passes = guard_passes
+        self.threshold = threshold  # the guard's break-even: 1.0 once on; 1 + margin to turn on (a check)
         self.stopped: dict | None = None  # when the guard turned the call plain: what it saw
         self._last: int | None = None
 
@@ -340,10 +344,12 @@ class StepArms:
             return
         alpha = self.acceptance()[self.k]
         predicted = self.guard(alpha)
-        if predicted < 1.0:
+        if predicted < self.threshold:
             self.stopped = {"k": self.k, "acceptance": round(alpha, 3), "predicted_speedup": round(predicted, 3),
                             "steps": steps, "row_passes": passes}
             self.k = 0
+        else:
+            self.threshold = min(self.threshold, 1.0)  # on now: stays on down to break-even
 
     def observe_step(self, k: int, seconds: float, tokens: int, rows: int, prefill: bool, draft_s: float = 0.0) -> None:
         """seconds: the step's cost as this arm will pay it; draft_s: the draft's time, where the

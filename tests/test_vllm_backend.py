@@ -8,6 +8,7 @@ missing vLLM is a failure under CI=true, a skip elsewhere.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 from pathlib import Path
@@ -609,6 +610,128 @@ def test_a_decided_call_whose_rows_draft_badly_turns_plain_mid_call(vllm_backend
     assert 0 < sum(r["draft_tokens"] for r in rows) <= 4 * 4 * len(rows)
     assert all(r["spec_enabled"] == (r["draft_tokens"] > 0) and r["num_speculative_tokens"] in (4, None) for r in rows)
     assert runner.policy.prior.estimate < 0.6  # the next call (and the next run's memory) starts from it
+
+
+def _noise_input(tmp_path, tok, rows=48):
+    """Prompts of random tokens, which the demo draft cannot follow (per-token acceptance ~0.3)."""
+    import random
+
+    import pyarrow as pa
+
+    rng = random.Random(1)
+    noise = [{"doc_id": f"n{i}", "contract": tok.decode([rng.randrange(100, tok.vocab_size) for _ in range(60)])}
+             for i in range(rows)]
+    inp = tmp_path / "noise"
+    inp.mkdir()
+    pq.write_table(pa.Table.from_pylist(noise), inp / "noise.parquet")
+    return str(inp)
+
+
+def _remember(spec, acceptance: tuple[float, float], recheck=(0, 0)):
+    """Write this node's policy memory for spec as an earlier run would have left it, with costs
+    given (a k=4 step at 2x a plain one, prefill almost free) so no timing here decides a test."""
+    from batchspec.policy import Acceptance, Costs
+    from batchspec.runner.memory import PolicyMemory, Recheck
+
+    mem = PolicyMemory.for_spec(spec, "vllm")
+    mem.recheck = Recheck(*recheck)
+    mem.save({32: Costs.from_steps(32, {0: 0.010, 4: 0.020}, 1e-6)}, Acceptance(*acceptance), [30] * 8, "night-0")
+    return mem
+
+
+def _pin_costs(mem):
+    """Put the given costs back into the memory file (a run refreshes them from its own steps)."""
+    from dataclasses import asdict
+
+    from batchspec.policy import Costs
+
+    data = json.loads(mem.costs_path.read_text())
+    data["costs"] = {"32": asdict(Costs.from_steps(32, {0: 0.010, 4: 0.020}, 1e-6))}
+    mem.costs_path.write_text(json.dumps(data))
+
+
+def test_an_off_from_an_earlier_runs_acceptance_is_checked_and_turns_on_when_it_no_longer_holds(
+        vllm_backend, tmp_path, hf_reference, monkeypatch):
+    """A job whose last run saw per-token acceptance 0.31 (another dataset under its name, say)
+    would decide "off" from memory and, on vllm, never observe acceptance again until its costs
+    age out a week later. Its next run checks: the first call speculates, its own steps show the
+    demo draft's ~0.9, and it stays on. Rows are the hf reference; the memory now says that
+    speculation paid, so a later "off" is checked at once again."""
+    from batchspec.runner.plan import plan_shards
+    from batchspec.runner.worker import ShardRunner
+
+    monkeypatch.setenv("BATCHSPEC_POLICY_MEMORY", str(tmp_path / "memory"))
+    spec = _demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto")
+    mem = _remember(spec, (20.0, 64.0), recheck=(1, 1))  # a run off from it has passed: due
+    runner = ShardRunner(spec, "night-1", engine=vllm_backend)
+    assert runner.recheck and runner.policy.prior.estimate < 0.35
+    manifests = runner.run_many(plan_shards(spec.input.path))
+    for m in manifests:
+        (d,) = m["decisions"]  # not turned plain: the check held
+        assert d["reason"].startswith("on (checking): the remembered per-token acceptance 0.3") and d["k"] == 4
+        assert d["reason"].endswith("measured on this node)") and d["numbers"]["checking"]
+    rows = [r for m in manifests for r in sorted(runner.store.read_part(m["shard"]).to_pylist(),
+                                                  key=lambda r: r["row_index"])]
+    assert [r["completion"] for r in rows] == hf_reference[1]
+    assert all(r["spec_enabled"] and r["draft_tokens"] > 0 for r in rows)
+    assert runner.policy.prior.estimate > 0.6 and not runner.recheck
+    assert json.loads(mem.job_path.read_text())["recheck"] == {"skipped": 0, "confirmed": 0}
+
+
+def test_an_off_that_its_checks_confirm_is_checked_less_and_less_often(vllm_backend, tmp_path, monkeypatch):
+    """The same check on data the draft cannot follow. After the run that measured 0.31, the
+    next run decides "off" from memory without speculating at all; the one after checks, turns
+    the call plain after two clean steps and counts as a confirmation; then one run off, one
+    check. The costs are pinned before each run so that what this machine's steps measure
+    cannot move a decision."""
+    from batchspec.runner.plan import plan_shards
+    from batchspec.runner.worker import ShardRunner
+
+    monkeypatch.setenv("BATCHSPEC_POLICY_MEMORY", str(tmp_path / "memory"))
+    spec = _demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto")
+    spec = spec.model_copy(update={"input": spec.input.model_copy(update={"path": _noise_input(tmp_path, vllm_backend.tokenizer)})})
+    mem = _remember(spec, (20.0, 64.0))
+    seen = []
+    for night in range(1, 5):
+        _pin_costs(mem)
+        out = spec.output.model_copy(update={"path": str(tmp_path / f"out{night}")})
+        runner = ShardRunner(spec.model_copy(update={"output": out}), f"night-{night}", engine=vllm_backend)
+        (m,) = runner.run_many(plan_shards(spec.input.path))
+        reasons = [d["reason"] for d in m["decisions"]]
+        drafted = sum(r["draft_tokens"] for r in runner.store.read_part(m["shard"]).to_pylist())
+        recheck = json.loads(mem.job_path.read_text())["recheck"]
+        seen.append((reasons[0].split(":")[0], len(reasons), drafted > 0, (recheck["skipped"], recheck["confirmed"])))
+    assert seen == [("off", 1, False, (1, 0)), ("on (checking)", 2, True, (0, 1)),
+                    ("off", 1, False, (1, 1)), ("on (checking)", 2, True, (0, 2))], seen
+
+
+def test_a_check_of_a_call_of_more_rows_than_vllm_runs_at_once_is_made_on_its_first_rows(
+        vllm_backend, tmp_path, monkeypatch):
+    """300 rows the draft cannot follow, one call, a remembered "off" due for its check: the check
+    runs on the first 256 rows (so the draft reads only their prompts), turns plain, and the other
+    44 rows follow in a plain call that skips the draft."""
+    from batchspec.runner.plan import plan_shards
+    from batchspec.runner.worker import ShardRunner
+
+    monkeypatch.setenv("BATCHSPEC_POLICY_MEMORY", str(tmp_path / "memory"))
+    spec = _demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto", "generation.max_new_tokens=16")
+    spec = spec.model_copy(update={"input": spec.input.model_copy(
+        update={"path": _noise_input(tmp_path, vllm_backend.tokenizer, rows=300)})})
+    mem = _remember(spec, (20.0, 64.0), recheck=(1, 0))
+    data = json.loads(mem.costs_path.read_text())  # the costs at the call's concurrency (256), as given
+    data["costs"] = {"256": data["costs"]["32"] | {"batch_size": 256}}
+    mem.costs_path.write_text(json.dumps(data))
+    calls = []
+    monkeypatch.setattr(vllm_backend, "generate", lambda ids, *a, _generate=vllm_backend.generate, **kw: (
+        calls.append((len(ids), kw["speculate"])), _generate(ids, *a, **kw))[1])
+    runner = ShardRunner(spec, "night-1", engine=vllm_backend)
+    (m,) = runner.run_many(plan_shards(spec.input.path))
+    assert calls == [(256, True), (44, False)]
+    checking, stopped = m["decisions"]
+    assert checking["reason"].startswith("on (checking)") and stopped["reason"].startswith("off for the rest of the call")
+    rows = runner.store.read_part(m["shard"]).to_pylist()
+    assert sum(r["draft_tokens"] > 0 for r in rows) == 256  # drafted for in the check's steps only
+    assert json.loads(mem.job_path.read_text())["recheck"] == {"skipped": 0, "confirmed": 1}
 
 
 def test_a_call_of_more_rows_than_vllm_runs_at_once_measures_on_its_first_rows(vllm_backend, tmp_path, monkeypatch):

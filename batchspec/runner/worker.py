@@ -244,11 +244,16 @@ class ShardRunner:
         # What earlier runs measured on this node (runner/memory.py): the first call need not measure.
         self.memory = PolicyMemory.for_spec(spec, engine.name) if mode == "auto" else None
         self.remembered = None  # "job ... at ...", while the decisions rest on remembered numbers
+        self.recheck = False  # check a remembered "off" in the next call (memory.Recheck)
+        self.outcome: str | None = None  # what this run found about acceptance, for memory.Recheck.after
         if self.memory is not None:
             costs, prior, new_tokens, self.remembered = self.memory.load()
             self.costs_by_batch.update(costs)
             self.policy.prior = prior or self.policy.prior
             self.policy.new_tokens_seen.extend(new_tokens)
+            # On vllm a call decided "off" runs plain and observes no acceptance, so an "off" that
+            # rests on a remembered acceptance is checked in this run's first call when due.
+            self.recheck = prior is not None and self.learns_costs and self.memory.recheck.due()
             if self.remembered:
                 a = self.policy.prior.estimate
                 log_event(log, f"policy: starting from what {self.remembered} measured on this node (costs at "
@@ -345,7 +350,7 @@ class ShardRunner:
                 out[w.shard.shard] = self._failed(w.shard, e)
         if self.memory is not None and works:
             p = self.policy
-            self.memory.save(self.costs_by_batch, p.prior, p.new_tokens_seen, self.job_id)
+            self.memory.save(self.costs_by_batch, p.prior, p.new_tokens_seen, self.job_id, self.outcome)
             self.remembered = None  # from here on the decisions rest on this run's own measurements too
         return [out[s.shard] for s in shards]
 
@@ -400,6 +405,8 @@ class ShardRunner:
         # A probe is not "on" for the hysteresis: after it, speculation must earn 1 + margin to stay on.
         state = None if last is None or "probe" in last.reason else last.speculate
         d = self.policy.decide(work.profile, state, batches_off, at_row=work.done)
+        if self.remembered and not d.speculate and d.alpha is not None and self.learns_costs:
+            d.numbers["remembered_off"] = True  # off for an earlier run's acceptance: _check_remembered
         if self.remembered and self.policy.costs is not None:
             d.reason += f" (from what {self.remembered} measured on this node)"
             d.numbers["remembered"] = self.remembered
@@ -408,6 +415,36 @@ class ShardRunner:
             if last is not None:
                 log_event(log, f"policy: {d.reason}", job=self.job_id, shard=work.shard.shard, at_row=work.done)
         return d
+
+    def _check_remembered(self, decided: list[tuple["ShardWork", Decision]]) -> list[tuple["ShardWork", Decision]]:
+        """vllm: the decisions of a call's shards, with an "off" that rests on an earlier run's
+        acceptance turned into a check when one is due (memory.Recheck): the call speculates
+        until its own steps say whether that acceptance still holds (_checking_rule). Only when
+        every shard of the call is off for that reason, so the check never splits a call, and
+        when costs are known at the call's concurrency, so it is judged, not measured."""
+        offs = [d for _, d in decided if d.numbers.get("remembered_off")]
+        if not offs:
+            return decided
+        rows = sum(len(w.valid) - w.done for w, _ in decided)
+        if not (self.recheck and len(offs) == len(decided) and self.concurrency(rows) in self.costs_by_batch):
+            self._found("skipped")
+            return decided
+        out = []
+        for w, d in decided:
+            why, _, source = d.reason.removeprefix("off: ").partition(" (from what")
+            check = Decision(True, d.numbers["k"], f"on (checking): the remembered {why}; this call speculates "
+                             f"until its own steps show whether that still holds" + (f" (from what{source}" if source else ""),
+                             d.predicted_speedup, d.alpha, d.at_row, {**d.numbers, "checking": True})
+            w.decisions = [check if x is d else x for x in w.decisions]
+            out.append((w, check))
+        return out
+
+    def _found(self, outcome: str) -> None:
+        """Note what this run found about acceptance; a measurement outranks a skipped check, and
+        speculation that paid outranks both (memory.Recheck.after)."""
+        rank = {None: 0, "skipped": 1, "off": 2, "on": 3}
+        if rank[outcome] > rank[self.outcome]:
+            self.outcome = outcome
 
     def _generate(self, work: "ShardWork") -> None:
         """One shard alone. hf: micro-batches of batch_size, re-deciding after each. vllm: the rest of
@@ -419,6 +456,8 @@ class ShardRunner:
         while work.done < len(work.valid):
             decision = self._decide(work, off_batches)
             whole = self.engine.rows_per_call == 0
+            if whole:
+                ((_, decision),) = self._check_remembered([(work, decision)])
             if whole and "probe" in decision.reason:
                 self._probe(work, decision)
                 continue
@@ -448,10 +487,8 @@ class ShardRunner:
                 self._probe(first, decision)
                 spent[id(first)] = time.perf_counter() - t0
         groups: dict[tuple, list] = {}
-        for w in works:
-            if w.done < len(w.valid):
-                d = self._decide(w)
-                groups.setdefault((d.speculate, d.k), []).append((w, d))
+        for w, d in self._check_remembered([(w, self._decide(w)) for w in works if w.done < len(w.valid)]):
+            groups.setdefault((d.speculate, d.k), []).append((w, d))
         for members in groups.values():
             t0 = time.perf_counter()
             rows = [(w, r) for w, _ in members for r in w.valid[w.done:]]
@@ -507,13 +544,19 @@ class ShardRunner:
         row's result in its shard and feeds what the call measured to the policy. Returns the
         decision the rows ran under (what a measuring call kept)."""
         rule = self.draft_length(decision.k, len(batch)) if decision.speculate else None
-        if isinstance(rule, StepArms) and len(rule.arms) > 1 and len(batch) > self.engine.max_batch:
+        measuring = isinstance(rule, StepArms) and len(rule.arms) > 1
+        checking = bool(decision.numbers.get("checking")) and isinstance(rule, StepArms) and rule.guard is not None
+        if (measuring or checking) and len(batch) > self.engine.max_batch:
             # Measuring needs clean steps at the call's full concurrency, and a call of more rows
             # than the engine runs at once has almost none: as rows finish, every step admits the
             # next ones. Its first max_num_seqs rows measure; the rest follow in one call under
-            # what they kept, recorded in the manifests of their shards too.
+            # what they kept, recorded in the manifests of their shards too. A check of a
+            # remembered "off" is done on those rows too, so that the draft reads only their
+            # prompts when the "off" still holds.
             first, batch = batch[:self.engine.max_batch], batch[self.engine.max_batch:]
-            kept = self._run_block(first, decision, self.draft_length(decision.k, len(first), strict=True))
+            first_rule = (self._checking_rule(decision, first) if checking
+                          else self.draft_length(decision.k, len(first), strict=True))
+            kept = self._run_block(first, decision, first_rule)
             if kept is not decision:
                 measured = {id(w) for w, _ in first}
                 self._record([(w, r) for w, r in batch if id(w) not in measured], kept)
@@ -521,7 +564,23 @@ class ShardRunner:
             rule = self.draft_length(decision.k, len(batch)) if decision.speculate else None
             if isinstance(rule, StepArms) and len(rule.arms) > 1:  # its costs were not kept: k as measured
                 rule = StepArms((decision.k,))
+        elif checking:
+            rule = self._checking_rule(decision, batch)
         return self._run_block(batch, decision, rule)
+
+    def _checking_rule(self, decision: Decision, batch: list[tuple["ShardWork", RowInput]]) -> StepArms:
+        """The rule of a call that checks a remembered "off": k from the start, and once its clean
+        steps have made guard_passes row passes, plain for the rest unless the acceptance they
+        delivered makes the decision's own prediction (prefill included, for these rows) earn
+        1 + margin, as any "off" must to turn on. Where the remembered acceptance still holds,
+        the check costs the draft's prefill and a few speculative steps at it."""
+        costs = self.costs_by_batch[self.concurrency(len(batch))]
+        seen = {id(w): w for w, _ in batch}.values()
+        expected = sum(w.profile.expected_new_tokens * len(w.valid) for w in seen) / sum(len(w.valid) for w in seen)
+        profile = LengthProfile([len(r.token_ids) for _, r in batch], expected)
+        k = decision.k
+        return StepArms((k,), guard=lambda alpha: self.policy.predict(profile, alpha, k, costs),
+                        threshold=1.0 + self.policy.margin)
 
     def _run_block(self, batch: list[tuple["ShardWork", RowInput]], decision: Decision, rule) -> Decision:
         """The engine call itself under a draft-length rule; what the rows ran under is returned."""
@@ -553,6 +612,14 @@ class ShardRunner:
         elif (costs := Costs.from_steps(b, steps, prefill, draft_prefill)) is not None:
             self.costs_by_batch[b] = costs
         self.policy.costs = self.costs_by_batch.get(b)
+        if decision.numbers.get("checking"):
+            self.recheck = False  # once a run: later calls decide from what this one delivered
+        if rule.guard is not None:  # decided beforehand: did what its steps delivered pay?
+            alpha = rule.acceptance().get(rule.arms[0])
+            if rule.stopped or alpha is not None:
+                self._found("off" if rule.stopped or rule.guard(alpha) < rule.threshold else "on")
+        elif rule.explored():
+            self._found("on" if rule.k > 0 else "off")
         if rule.stopped:  # the call's own acceptance said speculation no longer pays
             seen = rule.stopped
             assumed = f" where the decision assumed {decision.alpha:.2f}" if decision.alpha is not None else ""
