@@ -92,7 +92,9 @@ def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd:
             "decisions": [d["reason"] for d in m.get("decisions", [])],
             "decision_rows": [d.get("at_row", 0) for d in m.get("decisions", [])], "attempts": m.get("attempts"),
         })
-    shards.sort(key=lambda r: (r["tokens_per_s"] is not None, r["tokens_per_s"] or 0.0))  # slowest first
+    # Slowest first among shards that generated; one that generated nothing (no rows, or only
+    # error rows) is not slow, and goes last: an empty shard used to head the table at 0 tok/s.
+    shards.sort(key=lambda r: (not r["completion_tokens"], r["tokens_per_s"] or 0.0))
     per_row_acc = spec.filter(pl.col("draft_tokens") > 0)["acceptance_rate"] if spec.height else pl.Series([], dtype=pl.Float64)
     return {
         "name": job.get("name"), "output": output, "gpu_hour_usd": price,

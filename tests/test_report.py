@@ -67,6 +67,16 @@ def test_report_figures_local(tmp_path):
     check(build_report(str(tmp_path / "out")))
 
 
+def test_a_shard_that_generated_nothing_is_listed_after_the_slow_ones(tmp_path):
+    """An empty input file (or one of error rows only) is not the slowest shard: it goes last."""
+    store = OutputStore(str(tmp_path / "out"))
+    write_fixture(store)
+    part = store.write_part("e", pa.Table.from_pylist([row("e", 0, 0, error="null prompt")], schema=OUTPUT_SCHEMA))
+    store.write_manifest("e", {"shard": "e", "status": "done", "part": part["part"], "rows_out": 1,
+                               "timings": {"total_s": 0.01}, "costs": None, "attempts": 1, "decisions": []})
+    assert [s["shard"] for s in build_report(str(tmp_path / "out"))["shards"]] == ["a", "b", "e"]
+
+
 def test_report_figures_on_s3(s3):
     opts, fs, bucket = s3
     write_fixture(OutputStore(f"{bucket}/out", opts))
