@@ -408,13 +408,17 @@ class ShardRunner:
         if self.remembered and not d.speculate and d.alpha is not None and self.learns_costs:
             d.numbers["remembered_off"] = True  # off for an earlier run's acceptance: _check_remembered
         if self.remembered and self.policy.costs is not None:
-            d.reason += f" (from what {self.remembered} measured on this node)"
+            d.reason += self._from_memory()
             d.numbers["remembered"] = self.remembered
         if last is None or d.speculate != last.speculate or d.k != last.k or "probe" in last.reason:
             work.decisions.append(d)
             if last is not None:
                 log_event(log, f"policy: {d.reason}", job=self.job_id, shard=work.shard.shard, at_row=work.done)
         return d
+
+    def _from_memory(self) -> str:
+        """What a reason decided on remembered numbers ends with."""
+        return f" (from what {self.remembered} measured on this node)"
 
     def _check_remembered(self, decided: list[tuple["ShardWork", Decision]]) -> list[tuple["ShardWork", Decision]]:
         """vllm: the decisions of a call's shards, with an "off" that rests on an earlier run's
@@ -429,11 +433,11 @@ class ShardRunner:
         if not (self.recheck and len(offs) == len(decided) and self.concurrency(rows) in self.costs_by_batch):
             self._found("skipped")
             return decided
-        out = []
+        out, source = [], self._from_memory()
         for w, d in decided:
-            why, _, source = d.reason.removeprefix("off: ").partition(" (from what")
+            why = d.reason.removeprefix("off: ").removesuffix(source)
             check = Decision(True, d.numbers["k"], f"on (checking): the remembered {why}; this call speculates "
-                             f"until its own steps show whether that still holds" + (f" (from what{source}" if source else ""),
+                             f"until its own steps show whether that still holds{source}",
                              d.predicted_speedup, d.alpha, d.at_row, {**d.numbers, "checking": True})
             w.decisions = [check if x is d else x for x in w.decisions]
             out.append((w, check))
@@ -575,8 +579,7 @@ class ShardRunner:
         1 + margin, as any "off" must to turn on. Where the remembered acceptance still holds,
         the check costs the draft's prefill and a few speculative steps at it."""
         costs = self.costs_by_batch[self.concurrency(len(batch))]
-        seen = {id(w): w for w, _ in batch}.values()
-        expected = sum(w.profile.expected_new_tokens * len(w.valid) for w in seen) / sum(len(w.valid) for w in seen)
+        expected = sum(w.profile.expected_new_tokens for w, _ in batch) / len(batch)  # by the rows in this call
         profile = LengthProfile([len(r.token_ids) for _, r in batch], expected)
         k = decision.k
         return StepArms((k,), guard=lambda alpha: self.policy.predict(profile, alpha, k, costs),
