@@ -178,7 +178,9 @@ def submit(
     node (costs, acceptance; ~/.cache/batchspec/policy, or BATCHSPEC_POLICY_MEMORY; "off" or
     --set speculation.remember=false to start from nothing; docs/policy.md). On vLLM a call
     decided from such numbers still checks the acceptance its own steps deliver, and decodes
-    plain for the rest of the call when speculation stops paying (the shard's manifest says so).
+    plain for the rest of the call when speculation stops paying (the shard's manifest says so);
+    one decided off from a remembered acceptance speculates now and then ("on (checking)", at
+    spaced runs) to see whether that acceptance still holds.
 
     With model.backend auto, an actor whose vLLM engine cannot start the model (an architecture
     or a draft pairing vLLM refuses) runs batchspec's own engine instead, and says so in a warning
