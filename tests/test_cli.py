@@ -97,6 +97,38 @@ def test_json_logs_with_worker_logs_give_each_actor_line_as_its_own_record(model
     assert not [r for r in records if "\x1b[" in str(r.get("msg")) or "pid=" in str(r.get("msg"))], records
 
 
+def test_json_logs_with_worker_logs_on_vllm_leave_stdout_empty_and_keep_vllms_levels(tmp_path):
+    """vLLM's own handler wrote to the actor's stdout, which --worker-logs forwards to the driver's
+    stdout: 45 raw, coloured lines of a demo run beside the JSON records on stderr. Now they are
+    records on stderr, with vLLM's level, logger "vllm" and the source line."""
+    from batchspec.engine.backend import vllm_installed
+
+    if not vllm_installed():
+        pytest.skip("vllm is not installed (make installs it)")
+    root = Path(__file__).resolve().parents[1]
+    res = run_cli("submit", str(root / "jobs/summarize_legal.yaml"), "--log-format", "json", "--worker-logs",
+                  "--set", f"output.path={tmp_path / 'out'}", "--set", "model.backend=vllm")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout == ""
+    records = [json.loads(line) for line in res.stderr.splitlines()]
+    from_vllm = [r for r in records if r.get("logger") == "vllm" and r.get("actor") == "ShardWorker"]
+    assert any("non-default args" in r["msg"] for r in from_vllm), records
+    assert {r["level"] for r in from_vllm} >= {"INFO", "WARNING"} and all(":" in r["source"] for r in from_vllm)
+
+
+def test_json_line_reads_vllms_own_format_and_leaves_other_lines_whole():
+    from batchspec.runner.logs import json_line
+
+    vllm = json.loads(json_line("\x1b[36m(ShardWorker pid=7)\x1b[0m (MainProcess pid=7) WARNING 12-01 06:55:52 "
+                                "[api_utils.py:286] seed [set]"))
+    assert {k: vllm[k] for k in ("level", "logger", "actor", "pid", "source", "msg")} == {
+        "level": "WARNING", "logger": "vllm", "actor": "ShardWorker", "pid": 7, "source": "api_utils.py:286",
+        "msg": "seed [set]"}
+    other = json.loads(json_line("WARNING: something [x] else"))
+    assert (other["level"], other["logger"], other["msg"]) == ("INFO", "stderr", "WARNING: something [x] else")
+    assert json_line("   ") is None
+
+
 def interrupt_when(job: Path, tmp_path, *markers: str, sig: int = signal.SIGINT) -> tuple[int, str]:
     """`batchspec submit JOB`, sent sig (SIGINT) as soon as its stderr shows each marker in turn:
     (exit code, stderr)."""

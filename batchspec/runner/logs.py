@@ -114,11 +114,16 @@ _RAY_CORE_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+ [A-Z] \d+ \d+\] (.*)$"
 _RAY_ACTOR_PREFIX = re.compile(r"^(?:\x1b\[[0-9;]*m)?\((\w+) pid=(\d+)(?:, ip=[^)]*)?\)(?:\x1b\[[0-9;]*m)? ?(.*)$")
 
 
+# "(MainProcess pid=7376) WARNING 12-01 06:55:52 [api_utils.py:286] message": vLLM's own handler.
+_VLLM_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?(DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:.]+ \[([^\]]+)\] (.*)$")
+
+
 def json_line(line: str) -> str | None:
     """One stderr line as one JSON log record, or None for a blank one. A JSON record passes as it
     is. An actor's line that Ray forwarded is its own record with the actor named (`actor`, `pid`)
     instead of a record of type "stderr" holding Ray's colour codes and the actor's JSON as a
-    string. Anything else is wrapped as {"level": "INFO", "logger": "stderr", "msg": line}."""
+    string. A line of vLLM's own format keeps its level, as {"logger": "vllm", "source":
+    "file.py:line"}. Anything else is wrapped as {"level": "INFO", "logger": "stderr", "msg": line}."""
     if not line.strip():
         return None
     actor = _RAY_ACTOR_PREFIX.match(line)
@@ -129,8 +134,12 @@ def json_line(line: str) -> str | None:
         record = None
     if isinstance(record, dict):
         return json.dumps({**record, **where}) if where else line
-    return json.dumps({"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()), "level": "INFO", "logger": "stderr",
-                       **where, "msg": body})
+    now = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    vllm = _VLLM_LINE.match(body)
+    if vllm:
+        return json.dumps({"ts": now, "level": vllm.group(1), "logger": "vllm", **where, "source": vllm.group(2),
+                           "msg": vllm.group(3)})
+    return json.dumps({"ts": now, "level": "INFO", "logger": "stderr", **where, "msg": body})
 
 
 def capture_stderr(fmt: str):

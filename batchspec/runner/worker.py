@@ -724,6 +724,9 @@ class ShardWorker:
         configure_worker_logging()
         # vLLM logs at INFO through its own handler; follow batchspec's level (--quiet = WARNING).
         os.environ.setdefault("VLLM_LOGGING_LEVEL", os.environ.get("BATCHSPEC_LOG_LEVEL", "INFO"))
+        # ... and to stdout, which --worker-logs forwards to the driver's stdout: 45 raw lines per
+        # demo run there beside --log-format json's records on stderr. On stderr they are records too.
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         from ..engine.models import ModelLoadError
 
         self.runner, self.load_error = None, None
