@@ -8,6 +8,9 @@ use the one definition in rates.py:
     mean_acceptance_len   = rates.mean_acceptance_length(sum(accepted_tokens), sum(spec_rounds))  (counts the bonus token)
     actor_seconds         = sum of committed shards' total time on their actor
     cost_usd              = actor_seconds / 3600 * gpu_hour_usd
+    startup_actor_seconds = sum of the engine loads every run paid (job.json runs[].startup.actors[].load_s),
+                            a restarted actor's again; not in cost_usd, which is the shards' own time
+    startup_cost_usd      = startup_actor_seconds / 3600 * gpu_hour_usd
     usd_per_million_tokens = cost_usd / completion_tokens * 1e6
     saving (target steps) = accepted - draft_tokens * c - spec_rounds * (v(k) - 1)   per speculative row,
                             with c and v(k) the actor's measured costs (manifest "costs"), converted to
@@ -75,6 +78,7 @@ def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd:
     actor_s = sum(m.get("timings", {}).get("total_s", 0.0) for m in manifests.values())
     wall_s = sum(r.get("wall_s", 0.0) for r in job.get("runs", []) if "wall_s" in r)
     cost = actor_s / 3600 * price
+    loads = [a["load_s"] for r in job.get("runs", []) for a in (r.get("startup") or {}).get("actors", [])]
     accepted, drafted, rounds = total(spec, "accepted_tokens"), total(spec, "draft_tokens"), total(spec, "spec_rounds")
     shards = []
     for s, m in manifests.items():
@@ -105,6 +109,7 @@ def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd:
         "tokens_per_s": completion / wall_s if wall_s else None,
         "tokens_per_actor_s": completion / actor_s if actor_s else None,
         "cost_usd": cost, "usd_per_million_tokens": cost / completion * 1e6 if completion else None,
+        "startup_loads": len(loads), "startup_actor_seconds": sum(loads), "startup_cost_usd": sum(loads) / 3600 * price,
         "spec_rows": spec.height, "plain_rows": ok.height - spec.height,
         "spec_shards": sum(1 for r in shards if r["spec_rows"]), "plain_shards": sum(1 for r in shards if not r["spec_rows"]),
         "acceptance_rate": acceptance_rate(accepted, drafted),
@@ -146,7 +151,8 @@ def to_text(r: dict) -> str:
         f"rows {r['rows']} ({r['error_rows']} error rows)  prompt tokens {r['prompt_tokens']}  completion tokens {r['completion_tokens']}",
         f"wall {r['wall_s']:.1f}s  actor-seconds {r['actor_seconds']:.1f}  {_fmt(r['tokens_per_s'], '.1f')} tok/s "
         f"({_fmt(r['tokens_per_actor_s'], '.1f')} per actor)",
-        f"cost ${r['cost_usd']:.4f} at ${r['gpu_hour_usd']}/actor-hour  ${_fmt(r['usd_per_million_tokens'], '.2f')} per million tokens",
+        f"cost ${r['cost_usd']:.4f} at ${r['gpu_hour_usd']}/actor-hour  ${_fmt(r['usd_per_million_tokens'], '.2f')} per million tokens"
+        + _startup_note(r, "; "),
         f"speculation: on for {r['spec_rows']} rows / {r['spec_shards']} shards, off for {r['plain_rows']} rows / "
         f"{r['plain_shards']} shards; acceptance {_fmt(r['acceptance_rate'], '.3f')} (p10 {_fmt(q['p10'])}, p50 "
         f"{_fmt(q['p50'])}, p90 {_fmt(q['p90'])}), mean acceptance length {_fmt(r['mean_acceptance_length'])}, "
@@ -212,6 +218,14 @@ ACCEPTANCE_NOTE = ("Acceptance = accepted / proposed draft tokens (share of the 
                    "therefore higher whenever k exceeds the runs the draft gets right.")
 
 
+def _startup_note(r: dict, sep: str) -> str:
+    """What the engines' loads cost on top of the shards, when the runs recorded any."""
+    if not r.get("startup_loads"):
+        return ""
+    return (f"{sep}start-up ${r['startup_cost_usd']:.4f} more ({r['startup_loads']} engine load(s), "
+            f"{r['startup_actor_seconds']:.1f} actor-seconds)")
+
+
 def _card(label: str, value: str, note: str) -> str:
     return (f"<div class='card'><div class='label'>{html.escape(label)}</div><div class='value'>{html.escape(value)}</div>"
             f"<div class='note'>{html.escape(note)}</div></div>")
@@ -222,7 +236,8 @@ def _headline(r: dict) -> str:
     share = f"{saving / (actor_s + saving) * 100:.0f}% of the plain-decoding time" if actor_s + saving > 0 and saving else ""
     q = r["acceptance_rate_quantiles"]
     return "<div class='cards'>" + "".join([
-        _card("Cost", f"${r['cost_usd']:.4f}", f"{actor_s / 3600:.4f} actor-hours at ${r['gpu_hour_usd']}/actor-hour"),
+        _card("Cost", f"${r['cost_usd']:.4f}", f"{actor_s / 3600:.4f} actor-hours at ${r['gpu_hour_usd']}/actor-hour"
+              + _startup_note(r, "; ")),
         _card("Per million tokens", f"${_fmt(r['usd_per_million_tokens'], '.2f')}",
               f"{r['completion_tokens']} completion tokens, {r['rows']} rows"),
         _card("Saving from speculation", f"{saving:.1f} s",

@@ -22,8 +22,10 @@ Per job and repetition, each configuration runs in its own process, in a fixed i
     batchspec vllm auto, Ray up   with --running-ray: the remembered run joining a Ray that is already up
 
 Reported: generation seconds (bare: the generate call; batchspec: the shards' generate_s, plus the
-policy's cost calibration shown apart), whole-job wall seconds and start-up (engine load; for
-batchspec also Ray, planning and the actor), tokens/s over generation, and greedy agreement of
+policy's cost calibration shown apart), whole-job wall seconds split where the first engine could
+generate: start-up (from the process's launch: Python, imports, for batchspec Ray, planning and the
+actor, the engine's load, bare's warm-up call) and after start-up (to the process's exit; batchspec's
+engine-ready time is the actor's, from job.json), tokens/s over generation, and greedy agreement of
 every configuration's completions with bare vLLM plain. The bare runs get the model already
 loaded and one warm-up call, so they are the best case a hand-written script reaches.
 """
@@ -60,10 +62,11 @@ start = time.perf_counter() - t0
 params = SamplingParams(temperature=cfg["temperature"], max_tokens=cfg["max_new_tokens"], stop=cfg["stop"] or None)
 prompts = [{"prompt_token_ids": ids} for ids in cfg["prompt_ids"]]
 llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
+ready_at = time.time()  # start-up ends here: the engine is loaded and warm
 t = time.perf_counter()
 outs = llm.generate(prompts, params, use_tqdm=False)
 gen = time.perf_counter() - t
-print("RESULT" + json.dumps({"start_s": start, "generate_s": gen, "completions": [o.outputs[0].text for o in outs],
+print("RESULT" + json.dumps({"engine_s": start, "ready_at": ready_at, "generate_s": gen, "completions": [o.outputs[0].text for o in outs],
                              "tokens": sum(len(o.outputs[0].token_ids) for o in outs)}))
 """
 
@@ -100,14 +103,23 @@ def bare(spec, prompt_ids, speculative: bool) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
         json.dump(cfg, f)
         f.flush()
-        t = time.perf_counter()
+        t, launched = time.perf_counter(), time.time()
         out = subprocess.run([sys.executable, "-c", BARE, f.name], capture_output=True, text=True, cwd=ROOT)
-        wall = time.perf_counter() - t
+        wall, ended = time.perf_counter() - t, time.time()
     line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
     if not line:
         raise RuntimeError(f"bare vLLM failed:\n{out.stderr[-3000:]}")
     res = json.loads(line[0][6:])
-    return {**res, "wall_s": wall, "calibrate_s": 0.0}
+    return {**res, "wall_s": wall, "calibrate_s": 0.0, **split_startup(launched, res.pop("ready_at"), ended)}
+
+
+def split_startup(launched: float, ready_at: float | None, ended: float) -> dict:
+    """A run's wall time split where its engine could first generate (Unix times): start_s from the
+    process's launch (Python, imports, Ray, the engine's load and warm-up), after_s to its exit
+    (generation, reading, writing, the exit itself). The same cut for bare vLLM and batchspec."""
+    if ready_at is None:
+        return {"start_s": None, "after_s": None}
+    return {"start_s": ready_at - launched, "after_s": ended - ready_at}
 
 
 def batchspec(job: Path, backend: str, out_dir: Path, *sets: str, address: str | None = None,
@@ -115,24 +127,30 @@ def batchspec(job: Path, backend: str, out_dir: Path, *sets: str, address: str |
     """One `batchspec submit`; memory: the policy memory directory its actors start from (and write)."""
     from batchspec.runner.store import OutputStore
 
-    t = time.perf_counter()
+    t, launched = time.perf_counter(), time.time()
     extra = [arg for item in sets for arg in ("--set", item)] + (["--address", address] if address else [])
     env = {**os.environ, **({"BATCHSPEC_POLICY_MEMORY": str(memory)} if memory else {})}
     proc = subprocess.run([str(Path(sys.executable).parent / "batchspec"), "submit", str(job), "--quiet",
                            "--set", f"model.backend={backend}", "--set", f"output.path={out_dir}", *extra],
                           capture_output=True, text=True, cwd=ROOT, env=env)
-    wall = time.perf_counter() - t
+    wall, ended = time.perf_counter() - t, time.time()
     if proc.returncode != 0:
         raise RuntimeError(f"batchspec submit ({backend}) failed:\n{proc.stderr[-3000:]}")
     store = OutputStore(str(out_dir))
     ms = store.manifests()
+    actors = ((store.read_job() or {}).get("runs") or [{}])[-1].get("startup", {}).get("actors") or []
+    ready_at = min((a["ready_at_unix"] for a in actors), default=None)
     gen = sum(m["timings"]["generate_s"] for m in ms.values())
     total = sum(m["timings"]["total_s"] for m in ms.values())
     calib = sum(m["timings"].get("calibrate_s", 0.0) for m in ms.values())
     rows = [r for s in ms for r in store.read_part(s).to_pylist()]
-    return {"generate_s": gen, "calibrate_s": calib, "wall_s": wall, "start_s": wall - total,
+    return {"generate_s": gen, "calibrate_s": calib, "wall_s": wall, **split_startup(launched, ready_at, ended),
             "tokens": sum(r["completion_tokens"] for r in rows), "by_id": {r["id"]: r["completion"] for r in rows},
             "decisions": {s: [d["reason"] for d in m["decisions"]] for s, m in sorted(ms.items())}}
+
+
+def _num(v: float | None, width: int, fmt: str = ".1f") -> str:
+    return f"{'-':>{width}}" if v is None else f"{v:>{width}{fmt}}"
 
 
 def remembered(tmp: Path, name: str, rep: int, slug: str) -> Path:
@@ -463,7 +481,9 @@ def main() -> None:
             gen = statistics.median(r["generate_s"] for r in rs)
             table[config] = {
                 "generate_s": gen, "calibrate_s": statistics.median(r["calibrate_s"] for r in rs),
-                "wall_s": statistics.median(r["wall_s"] for r in rs), "start_s": statistics.median(r["start_s"] for r in rs),
+                "wall_s": statistics.median(r["wall_s"] for r in rs),
+                **{k: statistics.median(r[k] for r in rs) if all(r[k] is not None for r in rs) else None
+                   for k in ("start_s", "after_s")},
                 "tok_s": rs[0]["tokens"] / gen, "tokens": rs[0]["tokens"],
                 "agree": None if args.temperature > 0 else sum(rs[0]["by_id"].get(i) == t for i, t in reference.items()),
                 "rows": len(reference),
@@ -471,18 +491,21 @@ def main() -> None:
             }
         best = min(table["bare vLLM plain"]["generate_s"], table["bare vLLM spec"]["generate_s"])
         best_wall = min(table["bare vLLM plain"]["wall_s"], table["bare vLLM spec"]["wall_s"])
+        best_after = min(table["bare vLLM plain"]["after_s"], table["bare vLLM spec"]["after_s"])
         print(f"\n{name}: {len(reference)} rows, {spec.generation.max_new_tokens} max new tokens, draft "
               f"{spec.model.draft.kind}; medians of {args.repeats}{'; beside a busy process' if args.busy else ''}"
               f"{f'; sampled at temperature {args.temperature}' if args.temperature > 0 else ''}")
         print(f"{'configuration':<27}{'generate s':>11}{'vs best bare':>13}{'calib s':>8}{'wall s':>8}"
-              f"{'start s':>8}{'tok/s':>8}{'agree':>8}")
+              f"{'start s':>8}{'after s':>8}{'tok/s':>8}{'agree':>8}")
         for config, t in table.items():
             print(f"{config:<27}{t['generate_s']:>11.2f}{t['generate_s'] / best:>12.2f}x{t['calibrate_s']:>8.2f}"
-                  f"{t['wall_s']:>8.1f}{t['start_s']:>8.1f}{t['tok_s']:>8.0f}"
+                  f"{t['wall_s']:>8.1f}{_num(t['start_s'], 8)}{_num(t['after_s'], 8, '.2f')}{t['tok_s']:>8.0f}"
                   + (f"{t['agree']:>5}/{t['rows']}" if t["agree"] is not None else "     n/a"))
         for config in ("batchspec vllm auto", "batchspec vllm auto, remembered", "batchspec vllm auto, Ray up"):
             if config in table:
-                print(f"whole-job wall, {config} vs best bare vLLM: {table[config]['wall_s'] / best_wall:.2f}x")
+                after = table[config]["after_s"]
+                print(f"whole-job wall, {config} vs best bare vLLM: {table[config]['wall_s'] / best_wall:.2f}x"
+                      + (f"; after start-up {after:.2f}s vs {best_after:.2f}s = {after / best_after:.2f}x" if after else ""))
         for config in ("batchspec vllm auto", "batchspec vllm auto, remembered", "batchspec vllm auto+plain"):
             for shard, reasons in ((table.get(config) or {}).get("decisions") or {}).items():
                 print(f"  {config}, {shard}: {' | '.join(reasons)}")

@@ -54,6 +54,8 @@ def test_actor_killed_mid_shard(models_dir, ray_session, tmp_path, faults, fault
     assert result.ok, result.failed
     assert outputs(tmp_path / "out") == outputs(tmp_path / "ref")  # nothing lost, duplicated or different
     assert len(outputs(tmp_path / "out")) == 24
+    # The restarted actor loaded its engine again, and that start-up is counted too.
+    assert len(result.actor_starts) == 2 and result.actor_starts[0]["worker"] != result.actor_starts[1]["worker"]
 
 
 def test_a_shard_that_kills_its_actor_every_time_fails_alone(models_dir, ray_session, tmp_path, faults, fault_file):

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from batchspec.cli import app
-from batchspec.report import build_report, compare
+from batchspec.report import build_report, compare, to_text
 from batchspec.runner.store import OUTPUT_SCHEMA, OutputStore
 
 
@@ -75,6 +75,24 @@ def test_a_shard_that_generated_nothing_is_listed_after_the_slow_ones(tmp_path):
     store.write_manifest("e", {"shard": "e", "status": "done", "part": part["part"], "rows_out": 1,
                                "timings": {"total_s": 0.01}, "costs": None, "attempts": 1, "decisions": []})
     assert [s["shard"] for s in build_report(str(tmp_path / "out"))["shards"]] == ["a", "b", "e"]
+
+
+def test_engine_loads_are_costed_apart_from_the_shards(tmp_path):
+    """Every engine load the runs paid (a restarted actor's again) is start-up: priced on its own
+    line, not spread over the shards; runs recorded before start-up was kept add nothing."""
+    store = OutputStore(str(tmp_path / "out"))
+    write_fixture(store)
+    job = store.read_job()
+    job["runs"] = [{"wall_s": 25.0},
+                   {"wall_s": 30.0, "startup": {"ray_s": 3.0, "actors": [{"worker": "h:1", "load_s": 40.0, "ready_s": 44.0},
+                                                                          {"worker": "h:2", "load_s": 50.0, "ready_s": 58.0}]}}]
+    store.write_job(job)
+    r = build_report(str(tmp_path / "out"))
+    assert r["cost_usd"] == pytest.approx(0.03)  # the shards' 30 actor-seconds, as before
+    assert (r["startup_loads"], r["startup_actor_seconds"]) == (2, 90.0)
+    assert r["startup_cost_usd"] == pytest.approx(90 / 3600 * 3.6)
+    assert "start-up $0.0900 more (2 engine load(s), 90.0 actor-seconds)" in to_text(r)
+    assert "start-up" not in to_text(build_report(str(tmp_path / "out"), gpu_hour_usd=1.0) | {"startup_loads": 0})
 
 
 def test_report_figures_on_s3(s3):

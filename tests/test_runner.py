@@ -11,6 +11,7 @@ import pytest
 from conftest import local_writer, part_ids, record_fault, result_of, s3_writer, write_prompt_shards
 
 from batchspec.runner.job import JobRefused, prepare, status, submit
+from batchspec.runner.progress import startup_text
 from batchspec.runner.store import OUTPUT_SCHEMA, OutputStore
 from batchspec.spec import spec_from_dict
 
@@ -99,6 +100,27 @@ def test_rerun_redoes_only_missing_shards(models_dir, ray_session, tmp_path, mon
     assert sorted(looked) == ["prompts-0000", "prompts-0001", "prompts-0002"]
     nothing = submit(spec)
     assert nothing.done == [] and _mtimes(out) == after
+    assert nothing.startup is None  # no actor was started, so no start-up to pay or report
+
+
+def test_a_run_records_its_start_up_apart(models_dir, ray_session, tmp_path):
+    """What a run paid before its first engine could generate (Ray, the engine's load), kept in
+    job.json's run record and told in the summary: on a short job it is most of the wall time."""
+    write_prompt_shards(local_writer(tmp_path / "in"), 2, 3)
+    spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"))
+
+    result = submit(spec)
+
+    assert result.ok and len(result.actor_starts) == 1
+    start = result.actor_starts[0]
+    assert 0 < start["load_s"] <= start["ready_s"] < result.wall_s  # the load happens within the run
+    assert result.ray_s is None  # this test process had Ray up already: nothing started, nothing to count
+    assert result.startup == {"ready_s": start["ready_s"], "ray_s": None, "engine_load_s": start["load_s"]}
+    run = OutputStore(str(tmp_path / "out")).read_job()["runs"][-1]
+    assert run["startup"] == {"ray_s": None, "actors": [start]}
+    assert all("actor_start" not in m for m in OutputStore(str(tmp_path / "out")).manifests().values())
+    assert startup_text(result.startup) == (f", of which start-up {start['ready_s']:.1f}s "
+                                            f"(engine load {start['load_s']:.1f}s)")
 
 
 def test_rerun_with_changed_spec_is_refused_unless_forced(models_dir, ray_session, tmp_path):

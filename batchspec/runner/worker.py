@@ -721,6 +721,7 @@ class ShardWorker:
     def __init__(self, spec_json: str, job_id: str, threads: int = 0, backend: str | None = None):
         from .logs import configure_worker_logging
 
+        started = time.perf_counter()
         configure_worker_logging()
         # vLLM logs at INFO through its own handler; follow batchspec's level (--quiet = WARNING).
         os.environ.setdefault("VLLM_LOGGING_LEVEL", os.environ.get("BATCHSPEC_LOG_LEVEL", "INFO"))
@@ -743,13 +744,27 @@ class ShardWorker:
             # ActorDiedError; every shard this actor gets fails with the reason instead.
             self.load_error = f"model could not be loaded: {e}"
             log_event(log, self.load_error, logging.ERROR, job=job_id)
+        # Start-up, told to the driver with this actor's first call (job.py, run record "startup"):
+        # the engine load, vLLM's import included; ready_at: when it could generate, in Unix time.
+        self.start: dict | None = {"worker": f"{socket.gethostname()}:{os.getpid()}",
+                                   "load_s": round(time.perf_counter() - started, 3), "ready_at": time.time()}
 
     def run(self, batch: list[dict]) -> list[dict]:
-        """Shard descriptors (Shard.to_json) in; one manifest per shard out, in order."""
+        """Shard descriptors (Shard.to_json) in; one manifest per shard out, in order. The first
+        call of each actor (a restarted one included: it loaded again) carries the actor's start-up
+        in its first manifest's ACTOR_START key, which the driver takes out."""
         shards = [Shard.from_json(s) for s in batch]
         if self.runner is None:
-            return [failed_manifest(s.shard, self.load_error) for s in shards]
-        return self.runner.run_many(shards)
+            out = [failed_manifest(s.shard, self.load_error) for s in shards]
+        else:
+            out = self.runner.run_many(shards)
+        if self.start is not None and out:
+            out[0] = {**out[0], ACTOR_START: self.start}
+            self.start = None
+        return out
+
+
+ACTOR_START = "actor_start"  # not a manifest field: what ShardWorker.run adds for the driver
 
 
 def failed_manifest(shard: str, error: str) -> dict:
