@@ -3,6 +3,7 @@
     python scripts/bench_vllm.py [--jobs demo,llama104m,mixed] [--repeats 2] [--out bench-vllm.json]
     python scripts/bench_vllm.py --switch [--jobs demo]   # what switching speculation on/off per call costs
     python scripts/bench_vllm.py --engine-path [--jobs demo,mixed]   # batchspec's call vs bare, one process
+    python scripts/bench_vllm.py --split   # the mixed job's shards in one call vs two, one process
     python scripts/bench_vllm.py --busy [--jobs demo]   # the same with one busy-looping process beside each run
     python scripts/bench_vllm.py --jobs llama104m --llama-rows 256   # a longer job: fixed seconds amortize
     python scripts/bench_vllm.py --jobs demo --demo-rows 6144         # the demo pair on 6,144 contracts
@@ -364,6 +365,55 @@ print("RESULT" + json.dumps({"times": times, "kept_k": kept.get("k")}))
 """
 
 
+SPLIT = r"""
+import json, sys, time
+from batchspec.engine.backend import load_backend
+from batchspec.spec import load_spec
+spec = load_spec(sys.argv[1])
+ids, prompts, repeats = json.loads(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
+gen, k = spec.generation, spec.speculation.num_speculative_tokens
+backend = load_backend("vllm", spec.model, k_default=k)
+backend.generate(prompts[:2], 8)  # warm-up
+long = [p for i, p in zip(ids, prompts) if i.startswith("long")]
+short = [p for i, p in zip(ids, prompts) if not i.startswith("long")]
+
+def call(rows, kk):
+    backend.generate(rows, gen.max_new_tokens, stop=tuple(gen.stop), speculate=kk > 0, draft_length=kk)
+
+calls = {"one call, all plain": lambda: call(prompts, 0),
+         f"one call, all k={k}": lambda: call(prompts, k),
+         "two calls, both plain": lambda: (call(long, 0), call(short, 0)),
+         f"two calls: long plain, short k={k}": lambda: (call(long, 0), call(short, k))}
+times = {name: [] for name in calls}
+for _ in range(repeats):
+    for name, fn in calls.items():
+        t = time.perf_counter()
+        fn()
+        times[name].append(time.perf_counter() - t)
+print("RESULT" + json.dumps({"times": times, "rows": [len(long), len(short)]}))
+"""
+
+
+def split_cost(job: Path, repeats: int) -> dict:
+    """What running a call's shards as two calls costs (runner/worker.py, _one_decision_per_call):
+    the mixed job's long and short shards in one call against one call each, one after the
+    other, on one engine in one process, calls interleaved."""
+    from batchspec.spec import load_spec
+
+    ids, prompt_ids = job_prompts(load_spec(job))
+    out = subprocess.run([sys.executable, "-c", SPLIT, str(job), json.dumps(ids), json.dumps(prompt_ids), str(repeats)],
+                         capture_output=True, text=True, cwd=ROOT)
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
+    if not line:
+        raise RuntimeError(out.stderr[-3000:])
+    res = json.loads(line[0][6:])
+    medians = {name: statistics.median(ts) for name, ts in res["times"].items()}
+    print(f"  rows: {res['rows'][0]} long, {res['rows'][1]} short")
+    for name, ts in res["times"].items():
+        print(f"  {name:<34} median {medians[name]:.3f} s  ({', '.join(f'{t:.3f}' for t in ts)})")
+    return {"medians": medians, "times": res["times"]}
+
+
 def engine_path(job: Path, repeats: int) -> dict:
     """batchspec's engine path against bare LLM.generate in one process: the three engines loaded
     side by side, calls interleaved, so what differs is only what batchspec does around and inside
@@ -419,9 +469,14 @@ def main() -> None:
     ap.add_argument("--engine-path", action="store_true",
                     help="instead: batchspec's engine path vs bare LLM.generate, three engines in one process "
                          "(--repeats calls each, interleaved; default 6)")
+    ap.add_argument("--split", action="store_true",
+                    help="instead: the mixed job's shards in one call against two calls one after the other, "
+                         "one engine in one process (--repeats calls each, interleaved; default 6)")
     args = ap.parse_args()
-    args.jobs = args.jobs or ("demo" if args.switch else "demo,llama104m,mixed")
-    args.repeats = args.repeats or (6 if args.engine_path else 2)
+    args.jobs = args.jobs or ("demo" if args.switch else "mixed" if args.split else "demo,llama104m,mixed")
+    args.repeats = args.repeats or (6 if args.engine_path or args.split else 2)
+    if args.split and args.jobs != "mixed":
+        ap.error("--split needs the mixed job (its long and short shards): --jobs mixed")
     if args.busy and (args.engine_path or args.switch):
         ap.error("--busy applies to the job runs, not to --engine-path or --switch")
     if args.temperature > 0 and (args.engine_path or args.switch):
@@ -437,6 +492,14 @@ def main() -> None:
             print(name, flush=True)
             results[name] = engine_path(job, args.repeats)
         Path(args.out).write_text(json.dumps({"threads": os.cpu_count(), "engine_path": results}, indent=2))
+        return
+    if args.split:
+        tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
+        results = {}
+        for name, job in jobs(tmp).items():
+            print(name, flush=True)
+            results[name] = split_cost(job, args.repeats)
+        Path(args.out).write_text(json.dumps({"threads": os.cpu_count(), "split": results}, indent=2))
         return
     if args.switch:
         tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))

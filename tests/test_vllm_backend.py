@@ -705,6 +705,46 @@ def test_an_off_that_its_checks_confirm_is_checked_less_and_less_often(vllm_back
                     ("off", 1, False, (1, 1)), ("on (checking)", 2, True, (0, 2))], seen
 
 
+def test_shards_whose_own_decisions_differ_share_one_call_under_their_joint_decision(vllm_backend, tmp_path,
+                                                                                     monkeypatch):
+    """Two shards in one call, the demo's contracts and the same contracts three times over: alone,
+    the short one would speculate and the long one not (the draft's prefill, given here at 1 ms a
+    prompt token, eats the gain). Split by decision they ran as two calls of half the concurrency,
+    one after the other; now one call runs all 48 rows under what the policy decides for them
+    together, and each manifest says so and what the shard alone would have got."""
+    import pyarrow as pa
+
+    from batchspec.policy import Costs
+    from batchspec.runner.plan import plan_shards
+    from batchspec.runner.worker import ShardRunner
+
+    spec = _demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto")
+    inp = tmp_path / "in"
+    long = pq.read_table(inp / f"{SHARDS[1]}.parquet").to_pylist()
+    pq.write_table(pa.Table.from_pylist([r | {"contract": " ".join([r["contract"]] * 3)} for r in long]),
+                   inp / f"{SHARDS[1]}.parquet")
+    runner = ShardRunner(spec, "job-mixed", engine=vllm_backend)
+    runner.costs_by_batch[32] = Costs.from_steps(32, {0: 0.010, 4: 0.020}, 1e-6, 0.001)  # 48 rows: concurrency 32
+    runner.policy.prior.observe(58, 6)  # acceptance 0.91
+    runner.policy.new_tokens_seen.extend([30] * 8)
+    calls = []
+    monkeypatch.setattr(vllm_backend, "generate", lambda ids, *a, _generate=vllm_backend.generate, **kw: (
+        calls.append((len(ids), kw["speculate"])), _generate(ids, *a, **kw))[1])
+    short_m, long_m = runner.run_many(plan_shards(spec.input.path))
+    assert calls == [(48, False)]
+    (short,), (long_d,) = short_m["decisions"], long_m["decisions"]
+    for d in (short, long_d):
+        assert d["reason"].startswith("off: ") and d["predicted_speedup"] < 1.05
+        assert "for the 48 rows of this call's 2 shards together (this shard alone: " in d["reason"]
+        assert d["numbers"]["call_rows"] == 48 and not d["speculate"]
+    assert short["numbers"]["alone"]["speculate"] and short["numbers"]["alone"]["predicted_speedup"] > 1.05
+    assert "(this shard alone: on at k=4, predicted 1." in short["reason"]
+    assert not long_d["numbers"]["alone"]["speculate"] and "(this shard alone: off, predicted 0." in long_d["reason"]
+    rows = [r for m in (short_m, long_m) for r in sorted(runner.store.read_part(m["shard"]).to_pylist(),
+                                                         key=lambda r: r["row_index"])]
+    assert not any(r["spec_enabled"] or r["draft_tokens"] for r in rows) and len(rows) == 48
+
+
 def test_a_check_of_a_call_of_more_rows_than_vllm_runs_at_once_is_made_on_its_first_rows(
         vllm_backend, tmp_path, monkeypatch):
     """300 rows the draft cannot follow, one call, a remembered "off" due for its check: the check

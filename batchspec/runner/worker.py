@@ -420,6 +420,44 @@ class ShardRunner:
         """What a reason decided on remembered numbers ends with."""
         return f" (from what {self.remembered} measured on this node)"
 
+    def _one_decision_per_call(self, decided: list[tuple["ShardWork", Decision]]) -> list[tuple["ShardWork", Decision]]:
+        """vllm: shards whose own decisions differ still share one call, under the decision the
+        policy takes for all their rows together. vLLM sets k per engine step for every row it
+        runs, so a call split by decision ran its parts one after the other, each at a fraction
+        of the call's concurrency. On a GPU a decode step costs about as much for 48 rows as for
+        96, so that can double the call's time; on this CPU, where a step costs in proportion to
+        its rows, the split itself measured free, and what the mixed job lost (1.39 s against
+        1.30 s for one plain call, bench_vllm.py --split) was its short shards' "on" at a
+        predicted 1.07x, a decision the call as a whole does not take (docs/policy.md). The cost
+        model is linear in prompt and new tokens, so the rows' mean profile predicts their sum."""
+        if len({(d.speculate, d.k) for _, d in decided}) < 2 or self.policy.costs is None:
+            return decided
+        left = [(w, w.valid[w.done:]) for w, _ in decided]
+        n = sum(len(rows) for _, rows in left)
+        profile = LengthProfile([len(r.token_ids) for _, rows in left for r in rows],
+                                sum(w.profile.expected_new_tokens * len(rows) for w, rows in left) / n)
+        joint = self.policy.decide(profile, None)
+        source = self._from_memory() if self.remembered else ""
+        out = []
+        for w, d in decided:
+            alone = (f"on at k={d.k}" if d.speculate else "off") + (
+                f", predicted {d.predicted_speedup:.2f}x" if d.predicted_speedup is not None else "")
+            numbers = {**joint.numbers, "call_rows": n, "call_shards": len(decided),
+                       "alone": {"speculate": d.speculate, "k": d.k, "predicted_speedup": d.predicted_speedup}}
+            if self.remembered and not joint.speculate and joint.alpha is not None and self.learns_costs:
+                numbers["remembered_off"] = True
+            if self.remembered:
+                numbers["remembered"] = self.remembered
+            together = Decision(joint.speculate, joint.k,
+                                f"{joint.reason}, for the {n} rows of this call's {len(decided)} shards together "
+                                f"(this shard alone: {alone}){source}",
+                                joint.predicted_speedup, joint.alpha, d.at_row, numbers)
+            w.decisions = [together if x is d else x for x in w.decisions]
+            if not any(x is together for x in w.decisions):
+                w.decisions.append(together)
+            out.append((w, together))
+        return out
+
     def _check_remembered(self, decided: list[tuple["ShardWork", Decision]]) -> list[tuple["ShardWork", Decision]]:
         """vllm: the decisions of a call's shards, with an "off" that rests on an earlier run's
         acceptance turned into a check when one is due (memory.Recheck): the call speculates
@@ -491,7 +529,8 @@ class ShardRunner:
                 self._probe(first, decision)
                 spent[id(first)] = time.perf_counter() - t0
         groups: dict[tuple, list] = {}
-        for w, d in self._check_remembered([(w, self._decide(w)) for w in works if w.done < len(w.valid)]):
+        decided = self._one_decision_per_call([(w, self._decide(w)) for w in works if w.done < len(w.valid)])
+        for w, d in self._check_remembered(decided):
             groups.setdefault((d.speculate, d.k), []).append((w, d))
         for members in groups.values():
             t0 = time.perf_counter()
