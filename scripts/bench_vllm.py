@@ -485,22 +485,15 @@ def main() -> None:
     def jobs(tmp: Path) -> dict[str, Path]:
         return write_jobs(tmp, args.jobs.split(","), args.llama_rows, args.temperature, args.demo_rows)
 
-    if args.engine_path:
-        tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
-        results = {}
-        for name, job in jobs(tmp).items():
-            print(name, flush=True)
-            results[name] = engine_path(job, args.repeats)
-        Path(args.out).write_text(json.dumps({"threads": os.cpu_count(), "engine_path": results}, indent=2))
-        return
-    if args.split:
-        tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
-        results = {}
-        for name, job in jobs(tmp).items():
-            print(name, flush=True)
-            results[name] = split_cost(job, args.repeats)
-        Path(args.out).write_text(json.dumps({"threads": os.cpu_count(), "split": results}, indent=2))
-        return
+    for flag, measure in (("engine_path", engine_path), ("split", split_cost)):  # one process per job
+        if getattr(args, flag):
+            tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
+            results = {}
+            for name, job in jobs(tmp).items():
+                print(name, flush=True)
+                results[name] = measure(job, args.repeats)
+            Path(args.out).write_text(json.dumps({"threads": os.cpu_count(), flag: results}, indent=2))
+            return
     if args.switch:
         tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
         for name, job in jobs(tmp).items():
