@@ -195,6 +195,9 @@ def test_s3_transient_and_persistent_faults(models_dir, ray_session, s3):
 
         proxy.rate = 0.0
         proxy.persistent = ["part-prompts-0001"]
+        # Nothing transient now: 3 attempts say "persistent" as well as 10, without 10 backoffs
+        # (standard mode waits up to 20 s before each; this phase took about a minute of the test).
+        opts = {**opts, "config_kwargs": {"retries": {"max_attempts": 3, "mode": "standard"}}}
         spec2 = make_spec(models_dir, f"{bucket}/in", f"{bucket}/out2", opts, opts)
         result = submit(spec2)
         assert list(result.failed) == ["prompts-0001"], result.failed
