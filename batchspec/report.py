@@ -317,7 +317,8 @@ def to_html(r: dict) -> str:
 
 
 COMPARED = ("rows", "completion_tokens", "tokens_per_s", "tokens_per_actor_s", "actor_seconds", "cost_usd",
-            "usd_per_million_tokens", "acceptance_rate", "mean_acceptance_length", "spec_rows")
+            "usd_per_million_tokens", "startup_actor_seconds", "startup_cost_usd", "acceptance_rate",
+            "mean_acceptance_length", "spec_rows")
 
 
 def compare(a: dict, b: dict) -> dict:

@@ -146,6 +146,7 @@ def test_compare_two_runs(tmp_path):
     c = compare(build_report(str(tmp_path / "a")), build_report(str(tmp_path / "b"), gpu_hour_usd=7.2))
     assert c["figures"]["cost_usd"]["ratio"] == pytest.approx(2.0)
     assert c["figures"]["tokens_per_s"]["ratio"] == pytest.approx(1.0)
+    assert c["figures"]["startup_cost_usd"] == {"a": 0.0, "b": 0.0, "ratio": None}  # runs that recorded none
     res = CliRunner().invoke(app, ["report", str(tmp_path / "a"), "--compare", str(tmp_path / "b")])
     assert res.exit_code == 0 and "B/A" in res.stdout
 
