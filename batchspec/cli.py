@@ -85,14 +85,14 @@ def _run(job: str, overrides: list[str], address: Optional[str], force: bool, qu
         typer.echo(f"{what}: {st['done']} of {st['total']} shard(s) done, {st['pending'] + st['failed']} not done; "
                    f"`batchspec {verb} {again}` runs only those", err=True)
         if not ray_was_running:
-            _stop_ray()  # recorded, or nothing written; a second Ctrl-C must not break Ray's shutdown
+            _stop_ray(worker_logs)  # recorded, or nothing written; a second Ctrl-C must not break Ray's shutdown
         raise typer.Exit(143 if e.terminated else 130)  # 128 + the signal, as a shell reports it
     progress.summary(result)
     if not result.ok:
         typer.echo(f"error: {len(result.failed)} shard(s) failed: {', '.join(sorted(result.failed))}. Fix the cause, then "
                    f"`batchspec rerun {again}` redoes only the shards that are not done.", err=True)
     if not ray_was_running:
-        _stop_ray()
+        _stop_ray(worker_logs)
     if not result.ok:
         raise typer.Exit(EXIT_FAILED_SHARDS)
 
@@ -102,17 +102,24 @@ def _ray_running() -> bool:
     return bool(ray and ray.is_initialized())
 
 
-def _stop_ray() -> None:
+def _stop_ray(worker_logs: bool = False) -> None:
     """Stop the Ray this command started, with Ctrl-C ignored for the ~0.4 s it takes: the output is
     complete by then. Left to the interpreter's exit, a Ctrl-C landing in Ray's shutdown printed
-    Python's "Exception ignored in atexit callback" traceback and could leave Ray's processes."""
+    Python's "Exception ignored in atexit callback" traceback and could leave Ray's processes.
+
+    worker_logs: Ray forwards the actors' lines from their log files, which its log monitor reads
+    every 0.1 s and lists every 0.5 s; stopped at once, a short job lost its actor's last lines,
+    or all of them (seen once in CI: no actor record at all). A second's grace first."""
     import signal
+    import time
 
     if not _ray_running():
         return
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     ray = sys.modules["ray"]
     try:
+        if worker_logs:
+            time.sleep(1.0)
         try:
             # Ray stops its local processes in the order raylet, GCS, autoscaler monitor; the monitor's
             # SIGTERM handler then reports its own end to the GCS that is already gone, and Ray waits
