@@ -259,7 +259,7 @@ class ShardRunner:
                 log_event(log, f"policy: starting from what {self.remembered} measured on this node (costs at "
                           f"concurrency {', '.join(map(str, sorted(costs))) or 'none'}, acceptance "
                           f"{'unknown' if a is None else f'{a:.2f}'})", job=job_id)
-        self.worker = f"{socket.gethostname()}:{os.getpid()}"
+        self.worker = worker_id()
         self.faults = FaultPlan.from_env()  # None unless a reliability test set BATCHSPEC_FAULT_FILE
 
     @property
@@ -404,21 +404,31 @@ class ShardRunner:
         last = work.decisions[-1] if work.decisions else None
         # A probe is not "on" for the hysteresis: after it, speculation must earn 1 + margin to stay on.
         state = None if last is None or "probe" in last.reason else last.speculate
-        d = self.policy.decide(work.profile, state, batches_off, at_row=work.done)
-        if self.remembered and not d.speculate and d.alpha is not None and self.learns_costs:
-            d.numbers["remembered_off"] = True  # off for an earlier run's acceptance: _check_remembered
-        if self.remembered and self.policy.costs is not None:
-            d.reason += self._from_memory()
-            d.numbers["remembered"] = self.remembered
+        d = self._mark_remembered(self.policy.decide(work.profile, state, batches_off, at_row=work.done))
         if last is None or d.speculate != last.speculate or d.k != last.k or "probe" in last.reason:
             work.decisions.append(d)
             if last is not None:
                 log_event(log, f"policy: {d.reason}", job=self.job_id, shard=work.shard.shard, at_row=work.done)
         return d
 
+    def _mark_remembered(self, d: Decision) -> Decision:
+        """A decision taken on remembered numbers says so: in its reason, in `numbers`, and, when it
+        is off for an earlier run's acceptance, as one _check_remembered may turn into a check."""
+        if self.remembered and not d.speculate and d.alpha is not None and self.learns_costs:
+            d.numbers["remembered_off"] = True
+        if self.remembered and self.policy.costs is not None:
+            d.reason += self._from_memory()
+            d.numbers["remembered"] = self.remembered
+        return d
+
     def _from_memory(self) -> str:
         """What a reason decided on remembered numbers ends with."""
         return f" (from what {self.remembered} measured on this node)"
+
+    @staticmethod
+    def _replace_decision(work: "ShardWork", old: Decision, new: Decision) -> None:
+        """Record `new` in the shard's decisions where `_decide` recorded `old` (the call runs under new)."""
+        work.decisions = [new if x is old else x for x in work.decisions]
 
     def _one_decision_per_call(self, decided: list[tuple["ShardWork", Decision]]) -> list[tuple["ShardWork", Decision]]:
         """vllm: shards whose own decisions differ still share one call, under the decision the
@@ -437,24 +447,16 @@ class ShardRunner:
         profile = LengthProfile([len(r.token_ids) for _, rows in left for r in rows],
                                 sum(w.profile.expected_new_tokens * len(rows) for w, rows in left) / n)
         joint = self.policy.decide(profile, None)
-        source = self._from_memory() if self.remembered else ""
         out = []
         for w, d in decided:
             alone = (f"on at k={d.k}" if d.speculate else "off") + (
                 f", predicted {d.predicted_speedup:.2f}x" if d.predicted_speedup is not None else "")
             numbers = {**joint.numbers, "call_rows": n, "call_shards": len(decided),
                        "alone": {"speculate": d.speculate, "k": d.k, "predicted_speedup": d.predicted_speedup}}
-            if self.remembered and not joint.speculate and joint.alpha is not None and self.learns_costs:
-                numbers["remembered_off"] = True
-            if self.remembered:
-                numbers["remembered"] = self.remembered
-            together = Decision(joint.speculate, joint.k,
-                                f"{joint.reason}, for the {n} rows of this call's {len(decided)} shards together "
-                                f"(this shard alone: {alone}){source}",
-                                joint.predicted_speedup, joint.alpha, d.at_row, numbers)
-            w.decisions = [together if x is d else x for x in w.decisions]
-            if not any(x is together for x in w.decisions):
-                w.decisions.append(together)
+            together = self._mark_remembered(Decision(
+                joint.speculate, joint.k, f"{joint.reason}, for the {n} rows of this call's {len(decided)} shards "
+                f"together (this shard alone: {alone})", joint.predicted_speedup, joint.alpha, d.at_row, numbers))
+            self._replace_decision(w, d, together)
             out.append((w, together))
         return out
 
@@ -477,7 +479,7 @@ class ShardRunner:
             check = Decision(True, d.numbers["k"], f"on (checking): the remembered {why}; this call speculates "
                              f"until its own steps show whether that still holds{source}",
                              d.predicted_speedup, d.alpha, d.at_row, {**d.numbers, "checking": True})
-            w.decisions = [check if x is d else x for x in w.decisions]
+            self._replace_decision(w, d, check)
             out.append((w, check))
         return out
 
@@ -785,7 +787,7 @@ class ShardWorker:
             log_event(log, self.load_error, logging.ERROR, job=job_id)
         # Start-up, told to the driver with this actor's first call (job.py, run record "startup"):
         # the engine load, vLLM's import included; ready_at: when it could generate, in Unix time.
-        self.start: dict | None = {"worker": f"{socket.gethostname()}:{os.getpid()}",
+        self.start: dict | None = {"worker": worker_id(),
                                    "load_s": round(time.perf_counter() - started, 3), "ready_at": time.time()}
 
     def run(self, batch: list[dict]) -> list[dict]:
@@ -801,6 +803,11 @@ class ShardWorker:
             out[0] = {**out[0], ACTOR_START: self.start}
             self.start = None
         return out
+
+
+def worker_id() -> str:
+    """host:pid, the `worker` of manifests, rows and actor starts."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 ACTOR_START = "actor_start"  # not a manifest field: what ShardWorker.run adds for the driver
