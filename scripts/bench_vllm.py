@@ -72,6 +72,31 @@ print("RESULT" + json.dumps({"engine_s": start, "ready_at": ready_at, "generate_
 """
 
 
+def child_result(code: str, *args: str, what: str = "child process") -> dict:
+    """Run `python -c code *args` in the repository and return the JSON of its RESULT line."""
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT)
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
+    if not line:
+        raise RuntimeError(f"{what} failed:\n{out.stderr[-3000:]}")
+    return json.loads(line[0][6:])
+
+
+# The interleaved timing loop of the one-process benchmarks (--engine-path, --split): put in front
+# of their child scripts, which define `calls` (name -> callable) and `repeats`.
+TIME_CALLS = r"""
+import time
+
+def time_calls(calls, repeats):
+    times = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            t = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t)
+    return times
+"""
+
+
 def job_prompts(spec) -> tuple[list[str], list[list[int]]]:
     """The job's rows (ids, in plan order) and their token ids, as the runner builds them."""
     from transformers import AutoTokenizer
@@ -105,12 +130,8 @@ def bare(spec, prompt_ids, speculative: bool) -> dict:
         json.dump(cfg, f)
         f.flush()
         t, launched = time.perf_counter(), time.time()
-        out = subprocess.run([sys.executable, "-c", BARE, f.name], capture_output=True, text=True, cwd=ROOT)
+        res = child_result(BARE, f.name, what="bare vLLM")
         wall, ended = time.perf_counter() - t, time.time()
-    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
-    if not line:
-        raise RuntimeError(f"bare vLLM failed:\n{out.stderr[-3000:]}")
-    res = json.loads(line[0][6:])
     return {**res, "wall_s": wall, "calibrate_s": 0.0, **split_startup(launched, res.pop("ready_at"), ended)}
 
 
@@ -307,12 +328,7 @@ def switch_cost(job: Path) -> None:
     _, prompt_ids = job_prompts(load_spec(job))
     res = {}
     for engine in ("plain", "spec", "both") * 2:  # interleaved: two processes of each (5 calls per k each)
-        out = subprocess.run([sys.executable, "-c", SWITCH, str(job), json.dumps(prompt_ids), engine],
-                             capture_output=True, text=True, cwd=ROOT)
-        line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
-        if not line:
-            raise RuntimeError(out.stderr[-3000:])
-        r = json.loads(line[0][6:])
+        r = child_result(SWITCH, str(job), json.dumps(prompt_ids), engine)
         for k, ts in r["times"].items():
             res.setdefault((engine, k), []).extend(ts)
         res.setdefault(("set_k", "us"), []).append(r["set_k_us"])
@@ -355,13 +371,7 @@ def later_call():
 calls = {"bare vLLM plain": lambda: bare_plain.generate(prompts, params, use_tqdm=False),
          "bare vLLM spec": lambda: bare_spec.generate(prompts, params, use_tqdm=False),
          "batchspec, first call (measures)": first_call, "batchspec, later call (decided)": later_call}
-times = {name: [] for name in calls}
-for _ in range(repeats):
-    for name, call in calls.items():
-        t = time.perf_counter()
-        call()
-        times[name].append(time.perf_counter() - t)
-print("RESULT" + json.dumps({"times": times, "kept_k": kept.get("k")}))
+print("RESULT" + json.dumps({"times": time_calls(calls, repeats), "kept_k": kept.get("k")}))
 """
 
 
@@ -384,13 +394,7 @@ calls = {"one call, all plain": lambda: call(prompts, 0),
          f"one call, all k={k}": lambda: call(prompts, k),
          "two calls, both plain": lambda: (call(long, 0), call(short, 0)),
          f"two calls: long plain, short k={k}": lambda: (call(long, 0), call(short, k))}
-times = {name: [] for name in calls}
-for _ in range(repeats):
-    for name, fn in calls.items():
-        t = time.perf_counter()
-        fn()
-        times[name].append(time.perf_counter() - t)
-print("RESULT" + json.dumps({"times": times, "rows": [len(long), len(short)]}))
+print("RESULT" + json.dumps({"times": time_calls(calls, repeats), "rows": [len(long), len(short)]}))
 """
 
 
@@ -401,12 +405,7 @@ def split_cost(job: Path, repeats: int) -> dict:
     from batchspec.spec import load_spec
 
     ids, prompt_ids = job_prompts(load_spec(job))
-    out = subprocess.run([sys.executable, "-c", SPLIT, str(job), json.dumps(ids), json.dumps(prompt_ids), str(repeats)],
-                         capture_output=True, text=True, cwd=ROOT)
-    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
-    if not line:
-        raise RuntimeError(out.stderr[-3000:])
-    res = json.loads(line[0][6:])
+    res = child_result(TIME_CALLS + SPLIT, str(job), json.dumps(ids), json.dumps(prompt_ids), str(repeats))
     medians = {name: statistics.median(ts) for name, ts in res["times"].items()}
     print(f"  rows: {res['rows'][0]} long, {res['rows'][1]} short")
     for name, ts in res["times"].items():
@@ -427,12 +426,7 @@ def engine_path(job: Path, repeats: int) -> dict:
         print("  skipped: two ngram engines cannot run in one vLLM CPU process")
         return {}
     _, prompt_ids = job_prompts(spec)
-    out = subprocess.run([sys.executable, "-c", ENGINE_PATH, str(job), json.dumps(prompt_ids), str(repeats)],
-                         capture_output=True, text=True, cwd=ROOT)
-    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
-    if not line:
-        raise RuntimeError(out.stderr[-3000:])
-    res = json.loads(line[0][6:])
+    res = child_result(TIME_CALLS + ENGINE_PATH, str(job), json.dumps(prompt_ids), str(repeats))
     medians = {name: statistics.median(ts) for name, ts in res["times"].items()}
     best = min(medians["bare vLLM plain"], medians["bare vLLM spec"])
     for name, ts in res["times"].items():
