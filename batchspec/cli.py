@@ -174,9 +174,11 @@ def submit(
 
     Example: batchspec submit jobs/summarize_legal.yaml --set resources.actors=2
 
-    Prints a line per shard and a summary. Exit code 0 when every shard is committed, 1 when some
-    failed (rerun them), 2 on a usage error, 130 when interrupted (Ctrl-C) and 143 when terminated
-    (SIGTERM, e.g. a scheduler's timeout); after either, rerun continues.
+    Prints a line per shard and a summary, whose time says how much of it was start-up ("of which
+    start-up 14.5s (Ray 4.0s, engine load 10.1s)"; job.json keeps it per actor). Exit code 0 when
+    every shard is committed, 1 when some failed (rerun them), 2 on a usage error, 130 when
+    interrupted (Ctrl-C) and 143 when terminated (SIGTERM, e.g. a scheduler's timeout); after
+    either, rerun continues.
 
     An actor killed mid-shard (out of memory, a lost node) is restarted and the shard retried, 3
     attempts in all; a shard that kills its actor every time then fails alone (docs/operations.md).
@@ -187,7 +189,8 @@ def submit(
     decided from such numbers still checks the acceptance its own steps deliver, and decodes
     plain for the rest of the call when speculation stops paying (the shard's manifest says so);
     one decided off from a remembered acceptance speculates now and then ("on (checking)", at
-    spaced runs) to see whether that acceptance still holds.
+    spaced runs) to see whether that acceptance still holds. Shards packed into one vLLM call run
+    under one decision for all their rows; each manifest says what its shard alone would have got.
 
     With model.backend auto, an actor whose vLLM engine cannot start the model (an architecture
     or a draft pairing vLLM refuses) runs batchspec's own engine instead, and says so in a warning
@@ -318,7 +321,8 @@ def report(
     compare_to: Optional[str] = typer.Option(None, "--compare", help="Another output to compare with (B/A ratios)."),
     storage_option: List[str] = typer.Option([], "--storage-option", help="fsspec option, e.g. endpoint_url=http://..."),
 ) -> None:
-    """Cost, acceptance and latency of a run, from committed shards only.
+    """Cost, acceptance and latency of a run, from committed shards only. The cost is the shards'
+    actor time; the engines' loads are priced on their own line ("start-up $... more").
 
     Example: batchspec report out/summarize_legal --format html --out report.html
 
