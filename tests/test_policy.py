@@ -151,6 +151,12 @@ def test_step_arms_measure_each_arm_in_the_call_then_keep_the_faster():
     assert rule.summary() == ("measured in the call (2 steps each at 96 rows): k=4 13030 tokens/s vs plain "
                               "8000 tokens/s; kept k=4")
 
+    # A call that ends during its plain arm's steps (its rows finished) keeps the faster arm too.
+    rule = StepArms((4, 0), measure_steps=2)
+    assert _run_steps(rule, 6, fast_spec) == [4, 4, 4, 0, 0, 0] and (rule.k, rule.settled) == (0, False)
+    rule.finish()
+    assert (rule.k, rule.settled) == (4, True) and rule.summary().endswith("kept k=4")
+
     slow_spec = {4: (0.040, 300), 0: (0.012, 96)}  # 7500 vs 8000 tokens/s: plain for the rest
     rule = StepArms((4, 0), measure_steps=2)
     assert _run_steps(rule, 10, slow_spec) == [4, 4, 4, 0, 0, 0, 0, 0, 0, 0]

@@ -645,6 +645,7 @@ class ShardRunner:
         """After a vllm call whose steps a StepArms rule chose: keep the step costs it measured for
         the next decisions at this concurrency, and when it measured plain against speculative
         steps, record what it kept as the decision of the call's rows (in each shard's manifest)."""
+        rule.finish()
         b = self.concurrency(len(batch))
         # Prefill costs are per prompt position for the whole batch (as measure_costs gives them,
         # and as Policy.predict multiplies them by the mean prompt length), not per token.
