@@ -163,6 +163,90 @@ def test_auto_falls_back_to_hf_for_a_model_vllm_cannot_serve(models_dir, tmp_pat
     assert "head_dim=16" in m["backend_note"] and m["backend_note"].endswith("; batchspec's own engine serves it")
 
 
+def _long_context_copy(tmp_path, positions: int) -> Path:
+    """The demo target with a context of `positions` tokens: its rotary positions need no weights,
+    so the checkpoint is the same model with a Llama-3-like max_position_embeddings."""
+    import shutil
+
+    target = tmp_path / f"legal-target-{positions}"
+    shutil.copytree(ROOT / "models/legal-target", target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "max_position_embeddings": positions}))
+    return target
+
+
+def test_cpu_kv_cache_is_sized_to_the_job_and_the_context_fitted_to_it(tmp_path):
+    """On CPU the KV cache is what 256 rows of the whole context take (+25%), at most 2 GiB; the
+    context is left to vLLM to fit (max_model_len -1). Set by the user, either is theirs."""
+    from batchspec.engine.vllm_backend import CPU_KV_CACHE_BYTES, engine_args, kv_cache_need
+
+    demo = load_spec(DEMO_JOB, [f"model.target={ROOT / 'models/legal-target'}",
+                                f"model.draft.path={ROOT / 'models/legal-draft'}"]).model
+    # 3 layers x 4 kv heads x 32 + 1 x 2 x 32, keys and values, fp32: 3,584 bytes a token (vLLM: 2 GiB
+    # held 599,168 tokens), x 512 tokens x 256 rows x 1.25, + 16 MiB
+    need = int(3584 * 512 * 256 * 1.25) + (16 << 20)
+    args = engine_args(demo, 8, on_gpu=False)
+    assert (args["kv_cache_memory_bytes"], args["max_model_len"]) == (need, -1)
+    assert need < 600 << 20
+    ngram = demo.model_copy(update={"draft": demo.draft.model_copy(update={"kind": "ngram", "path": None})})
+    assert engine_args(ngram, 8, on_gpu=False)["kv_cache_memory_bytes"] == int(3072 * 512 * 256 * 1.25) + (16 << 20)
+    long = demo.model_copy(update={"target": str(_long_context_copy(tmp_path, 131072))})
+    assert engine_args(long, 8, on_gpu=False)["kv_cache_memory_bytes"] == CPU_KV_CACHE_BYTES
+    user = demo.model_copy(update={"vllm_args": {"max_model_len": 256}})
+    assert (engine_args(user, 8, on_gpu=False)["kv_cache_memory_bytes"], engine_args(user, 8, on_gpu=False)["max_model_len"]) \
+        == (CPU_KV_CACHE_BYTES, 256)
+    assert "kv_cache_memory_bytes" not in engine_args(demo, 8, on_gpu=True)
+    # A config not counted in layers x heads: the whole 2 GiB.
+    mla = tmp_path / "mla"
+    mla.mkdir()
+    (mla / "config.json").write_text(json.dumps({**json.loads((ROOT / "models/legal-target/config.json").read_text()),
+                                                 "kv_lora_rank": 512}))
+    assert kv_cache_need(str(mla), None, 4, 256) is None
+    assert kv_cache_need(str(tmp_path / "nowhere"), None, 4, 256) is None
+
+
+FITTED = r"""
+import json, sys
+import pyarrow as pa, pyarrow.parquet as pq
+from batchspec.runner.plan import plan_shards
+from batchspec.runner.worker import ShardWorker
+from batchspec.spec import load_spec
+spec = load_spec(sys.argv[1], json.loads(sys.argv[2]))
+rows = pq.read_table(sys.argv[3]).to_pylist()[:4]
+rows.append({**rows[0], "doc_id": "too-long", "contract": " ".join([rows[0]["contract"]] * 60)})
+pq.write_table(pa.Table.from_pylist(rows), sys.argv[4] + "/p.parquet")
+shard = plan_shards(sys.argv[4])[0]
+worker = ShardWorker(spec.model_dump_json(), "job-1", backend="vllm")
+[summary] = worker.run([shard.to_json()])
+out = pq.read_table(sys.argv[5] + "/data").to_pylist()
+print("RESULT" + json.dumps({"summary": summary, "context": worker.runner.engine.max_context,
+                             "rows": [{k: r[k] for k in ("id", "error", "completion")} for r in out]}))
+"""
+
+
+def test_a_context_longer_than_the_kv_cache_holds_is_fitted_and_longer_rows_fail_alone(tmp_path):
+    """A model whose whole context the KV cache cannot hold still starts on vLLM (before, vLLM
+    refused it, and auto fell back to hf): vLLM fits the context to the cache, rows within it are
+    generated, and a longer one becomes an error row that says why and what to raise."""
+    _require_vllm()
+    target = _long_context_copy(tmp_path, 32768)
+    inp = tmp_path / "in"
+    inp.mkdir()
+    out = tmp_path / "out"
+    sets = [f"model.target={target}", "model.backend=vllm", "model.draft.kind=ngram", f"output.path={out}",
+            "generation.max_new_tokens=8", f"input.path={inp}",
+            "model.vllm_args.kv_cache_memory_bytes=16777216"]  # 16 MiB: ~5k tokens of this model's 3 KiB each
+    res = result_of(FITTED, str(DEMO_JOB), json.dumps(sets), str(ROOT / "jobs/data/legal/prompts-0000.parquet"),
+                    str(inp), str(out))
+    assert res["summary"]["status"] == "done", res["summary"]
+    assert 4096 < res["context"] < 32768
+    rows = {r["id"]: r for r in res["rows"]}
+    assert rows["too-long"]["error"].endswith(
+        f"the model's context is {res['context']}, fitted by vLLM to its KV cache (the model's own is 32768); "
+        "a longer row needs a larger cache: raise model.vllm_args.kv_cache_memory_bytes")
+    assert [r["error"] is None and bool(r["completion"]) for d, r in rows.items() if d != "too-long"] == [True] * 4
+
+
 def test_vllm_architecture_matrix_row():
     """scripts/vllm_arch_matrix.py's gemma2 row (docs/engine.md has the whole table): vLLM serves
     gemma2 with an n-gram draft, plain and speculative rows equal transformers', and refuses its

@@ -10,6 +10,7 @@ Two implementations:
 Both expose the same small surface, duck-typed like vLLM's proposer/sampler seams:
 
     name, tokenizer, max_context, draft_kind, target_source, draft_source
+    context_note       optional: why max_context is below the model's own (vllm: fitted to its KV cache)
     rows_per_call      None: the runner's micro-batch (resources.batch_size); vllm: a whole shard
     tokenize(prompts) -> token ids
     generate(prompt_ids, max_new_tokens, sampling, stop, seeds, speculate, draft_length,

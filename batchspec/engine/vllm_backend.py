@@ -71,6 +71,51 @@ def speculative_config(draft_kind: str, draft_path: str | None, max_ngram: int, 
     return cfg
 
 
+CPU_KV_CACHE_BYTES = 2 << 30  # the most KV cache batchspec reserves on CPU unless vllm_args says
+
+
+def kv_cache_need(target: str, draft: str | None, dtype_bytes: int, rows: int) -> int | None:
+    """KV cache bytes that `rows` rows of the target's whole context take, for the target and a
+    draft model with a cache of its own, plus a quarter: on CPU, a cache vLLM never fills still
+    costs its allocation at every engine start (the demo pair: 2 GiB, where it needs 0.47, took
+    5.4-6.5 s to build against 2.7-2.9 s with 256 MiB). None when a config.json does not say in
+    the plain terms counted here (layers x key/value heads x head size): another attention (MLA),
+    state-space or linear layers, a checkpoint that is not a local directory."""
+    counted = [_kv_bytes_per_token(path, dtype_bytes) for path in (target, draft) if path is not None]
+    if None in counted:
+        return None
+    per_token, context = sum(c[0] for c in counted), counted[0][1]  # the draft runs in the target's context
+    return int(per_token * context * rows * 1.25) + (16 << 20)
+
+
+def _kv_bytes_per_token(path: str, dtype_bytes: int) -> tuple[int, int] | None:
+    """(KV bytes per token, context length) from a checkpoint's config.json, or None (kv_cache_need)."""
+    import json
+    from pathlib import Path
+
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    cfg = cfg.get("text_config") or cfg
+    if any(k in cfg for k in ("kv_lora_rank", "ssm_cfg", "mamba_d_state", "state_size", "linear_num_key_heads")):
+        return None
+    if any(t not in ("full_attention", "sliding_attention") for t in cfg.get("layer_types") or ()):
+        return None
+
+    def first(*keys):
+        return next((cfg[k] for k in keys if isinstance(cfg.get(k), int) and cfg[k] > 0), None)
+
+    layers, heads = first("num_hidden_layers", "n_layer"), first("num_attention_heads", "n_head")
+    hidden = first("hidden_size", "n_embd")
+    context = first("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+    if not (layers and heads and hidden and context):
+        return None
+    kv_heads = first("num_key_value_heads") or heads
+    head_dim = first("head_dim") or hidden // heads
+    return 2 * layers * kv_heads * head_dim * dtype_bytes, context
+
+
 def engine_args(spec_model, k_max: int, on_gpu: bool, sampled: bool = False) -> dict:
     """vllm.LLM keyword arguments for a spec.ModelSpec (local paths already resolved). sampled: the
     job samples (temperature > 0)."""
@@ -91,11 +136,27 @@ def engine_args(spec_model, k_max: int, on_gpu: bool, sampled: bool = False) -> 
         "speculative_config": speculative_config(d.kind, resolve_model_path(d.path, so) if d.path else None,
                                                  d.max_ngram, k_max, target, d.bits),
     }
-    if not on_gpu and not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(spec_model.vllm_args):
+    user = set(spec_model.vllm_args)
+    if "max_model_len" not in user:
+        # -1: vLLM fits the context to its KV cache, the model's whole context where it fits. With
+        # the model's own (131,072 tokens for Llama 3.x) an engine whose cache cannot hold one such
+        # row refuses to start: on CPU's 2 GiB, every Llama-3.2-1B-shaped fp32 model did, and auto
+        # fell back to the hf engine. A row longer than the fitted context becomes an error row.
+        args["max_model_len"] = -1
+    if not on_gpu and not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & user:
         # On CPU vLLM otherwise reserves 92% of the machine's RAM up front (its gpu_memory_utilization
-        # default), which fails beside Ray's object store. 2 GiB of KV cache holds e.g. 64 rows x 2k
-        # tokens of a 1B model; raise it with vllm_args: {kv_cache_memory_bytes: ...}.
-        args["kv_cache_memory_bytes"] = 2 << 30
+        # default), which fails beside Ray's object store. At most 2 GiB (64 rows x 2k tokens of a
+        # 1B model), less for a model that needs less (kv_cache_need); raise it with
+        # vllm_args: {kv_cache_memory_bytes: ...}.
+        args["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        if "max_model_len" not in user:  # a smaller cache then shortens the context at worst, never fails
+            # Drafts with a cache of their own: a draft model, the target itself, an EAGLE layer.
+            draft = target if d.kind == "quantized" else None
+            if d.kind in ("model", "eagle", "eagle3") and d.path:
+                draft = resolve_model_path(d.path, so)
+            need = kv_cache_need(target, draft, 4 if dtype in ("float32", "float") else 2,
+                                 int(spec_model.vllm_args.get("max_num_seqs", 256)))
+            args["kv_cache_memory_bytes"] = min(need or CPU_KV_CACHE_BYTES, CPU_KV_CACHE_BYTES)
     if args["speculative_config"] is not None:
         args["per_request_spec_decode_metrics"] = "summary"
     if sampled and not on_gpu:
@@ -178,6 +239,20 @@ def repair_speculative_sampling() -> list[str]:
     return repaired
 
 
+def _fitted_context_note(model_config, cache_config) -> str:
+    """Why the engine's context is shorter than the model's, when vLLM fitted it to the KV cache
+    (max_model_len -1, engine_args); "" otherwise."""
+    try:
+        full = int(model_config.get_and_verify_max_len(-1))  # the model's own, as vLLM derives it
+    except Exception:
+        return ""
+    if model_config.max_model_len >= full:
+        return ""
+    where = "gpu_memory_utilization" if cache_config.kv_cache_memory_bytes is None else "kv_cache_memory_bytes"
+    return (f", fitted by vLLM to its KV cache (the model's own is {full}); a longer row needs a larger cache: "
+            f"raise model.vllm_args.{where}")
+
+
 class VLLMBackend:
     name = "vllm"
     rows_per_call = 0  # 0: a whole shard per call (vLLM schedules it); probes use the runner's batch
@@ -200,6 +275,9 @@ class VLLMBackend:
                           or not config.scheduler_config.enable_chunked_prefill)
         self._warned_seeds = False
         self.max_context = int(llm.llm_engine.model_config.max_model_len)
+        self.context_note = _fitted_context_note(llm.llm_engine.model_config, config.cache_config)
+        if self.context_note:
+            log.warning("vllm: the engine's context is %d tokens%s", self.max_context, self.context_note)
         self.max_batch = int(config.scheduler_config.max_num_seqs)
         self._scheduler = None
         self._rule = None  # a StepArms-like rule while a call runs with one

@@ -386,7 +386,8 @@ class ShardRunner:
         for r, ids in zip(valid, engine.tokenize([r.prompt for r in valid]) if valid else []):
             r.token_ids = ids
             if len(ids) >= engine.max_context:
-                r.error = f"prompt has {len(ids)} tokens; the model's context is {engine.max_context}"
+                r.error = (f"prompt has {len(ids)} tokens; the model's context is {engine.max_context}"
+                           + getattr(engine, "context_note", ""))
         valid = sorted((r for r in rows if r.error is None), key=lambda r: len(r.token_ids))  # less padding
         work = ShardWork(shard, base, attempt, table.num_rows, rows, valid, time.perf_counter() - t0)
         work.profile = LengthProfile([len(r.token_ids) for r in valid], self.expected_new(work))
