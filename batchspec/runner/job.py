@@ -100,11 +100,14 @@ def check_paths(spec: JobSpec, probe: bool = False) -> None:
             raise JobRefused(problem)
 
 
-def prepare(spec: JobSpec, force: bool = False) -> tuple[OutputStore, list[Shard], list[Shard], dict]:
-    """(store, all shards, shards to run, manifests); raises JobRefused on a stale or unwritable output."""
+def prepare(spec: JobSpec, force: bool = False,
+            shards: list[Shard] | None = None) -> tuple[OutputStore, list[Shard], list[Shard], dict]:
+    """(store, all shards, shards to run, manifests); raises JobRefused on a stale or unwritable output.
+    `shards` is a plan the caller already made (validate's), saving a second read of every footer."""
     check_paths(spec, probe=True)
     store = OutputStore(spec.output.path, spec.output.storage_options)
-    shards = plan_shards(spec.input.path, spec.input.storage_options, spec.input.max_rows_per_shard)
+    if shards is None:
+        shards = plan_shards(spec.input.path, spec.input.storage_options, spec.input.max_rows_per_shard)
     try:
         manifests = store.manifests()
         job = store.read_job()

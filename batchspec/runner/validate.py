@@ -94,7 +94,7 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
         v.problems.extend(resolve_models(spec, backend or "hf", v.notes))
     if not v.problems:
         try:
-            _, _, todo, _ = prepare(spec)
+            _, _, todo, _ = prepare(spec, shards=v.shards)
             v.notes.append(f"{len(todo)} of {len(v.shards)} shard(s) to run at {spec.output.path}")
         except JobRefused as e:
             v.problems.append(str(e))
