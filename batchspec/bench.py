@@ -29,9 +29,9 @@ import torch
 from .engine import DraftSpec, Engine, FixedK, GenerationConfig, SamplingParams
 from .engine.engine import measure_costs
 from .engine.generate import AdaptiveK, generate
-from .engine.models import cache_root
 from .policy import Costs, LengthProfile, Policy, expected_tokens
 from .rates import acceptance_rate, mean_acceptance_length, per_token_acceptance
+from .runner.checkpoints import cache_root, fetch_prefix
 
 
 @dataclass
@@ -72,7 +72,9 @@ def run_bench(cfg: BenchConfig, echo: Callable[[str], None] = print) -> dict:
     if cfg.quick:
         cfg.batch_sizes, cfg.max_new_tokens, cfg.repeats, cfg.ks = [1, 2], 8, 1, (2,)
     target = cfg.target or default_target(cfg.quick)
-    engine = Engine.load(target, DraftSpec(kind=cfg.draft, path=cfg.draft_path), device=cfg.device, dtype=cfg.dtype)
+    copies = {s: str(fetch_prefix(s)) for s in (target, cfg.draft_path) if s and s.startswith("s3://")}
+    engine = Engine.load(target, DraftSpec(kind=cfg.draft, path=cfg.draft_path), device=cfg.device, dtype=cfg.dtype,
+                         local_paths=copies)
     model, tok = engine.target.model, engine.tokenizer
     n_params = sum(p.numel() for p in model.parameters())
     where = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else f"{torch.get_num_threads()} threads"

@@ -73,7 +73,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from batchspec.bench import default_target
-    from batchspec.engine.models import cache_root
+    from batchspec.runner.checkpoints import cache_root
     from batchspec.testing import build_model
 
     target = default_target(quick=False)

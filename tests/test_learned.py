@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchspec.engine import DraftSpec, Engine, SamplingParams
+from batchspec.engine import DraftSpec, Engine, ModelLoadError, SamplingParams
 
 KINDS = ("medusa", "eagle", "eagle3")
 
@@ -90,13 +90,20 @@ def test_costs_are_measured_for_learned_drafts(models_dir, drafts):
 
 
 def test_checkpoints_load_from_s3(models_dir, drafts, s3, monkeypatch, tmp_path):
+    """A learned draft under an s3:// prefix: the runner copies it, the engine loads the copy."""
+    from batchspec.runner.checkpoints import fetch_prefix
+
     opts, fs, bucket = s3
     monkeypatch.setenv("BATCHSPEC_CACHE", str(tmp_path / "cache"))
     for kind in KINDS:
         target, draft = drafts[(kind, True)]
         fs.put(str(draft), f"{bucket}/{kind}", recursive=True)
-        engine = Engine.load(str(target), DraftSpec(kind=kind, path=f"{bucket}/{kind}"),
-                             storage_options=opts)
+        uri = f"{bucket}/{kind}"
+        with pytest.raises(ModelLoadError, match="s3:// prefix.*local_checkpoints"):  # the engine reaches no S3
+            Engine.load(str(target), DraftSpec(kind=kind, path=uri))
+        engine = Engine.load(str(target), DraftSpec(kind=kind, path=uri),
+                             local_paths={uri: str(fetch_prefix(uri, opts))})
+        assert engine.draft_source == uri  # named as the job names it, not by its cache directory
         rows = engine.tokenize(["the lease shall"])
         plain, _ = engine.generate(rows, max_new_tokens=12, speculate=False)
         spec, _ = engine.generate(rows, max_new_tokens=12, speculate=True, draft_length=3)
@@ -104,7 +111,6 @@ def test_checkpoints_load_from_s3(models_dir, drafts, s3, monkeypatch, tmp_path)
 
 
 def test_wrong_checkpoint_is_a_clear_error(models_dir, tmp_path):
-    from batchspec.engine import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="not a Medusa checkpoint"):
         Engine.load(str(models_dir / "llama-target"), DraftSpec(kind="medusa", path=str(models_dir / "llama-other")))

@@ -68,6 +68,28 @@ def test_end_to_end_on_s3(models_dir, ray_session, s3):
     assert status(spec.output.path, opts)["shards"]["done"] == 5
 
 
+def test_a_job_whose_models_are_on_s3_runs_on_the_actors_copies_and_names_them_by_their_uris(
+        models_dir, ray_session, s3, tmp_path):
+    """Target and draft under s3:// prefixes: the actor copies them into its cache (the engine
+    reaches no S3, runner/checkpoints.py) and the rows name the checkpoints as the job does."""
+    opts, fs, bucket = s3
+    for name in ("llama-target", "llama-other"):  # each saved with its tokenizer
+        fs.put(str(models_dir / name), f"{bucket}/models/{name}", recursive=True)
+    write_prompt_shards(local_writer(tmp_path / "in"), 1, 4)
+    spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"),
+                     model__target=f"{bucket}/models/llama-target", model__storage_options=opts,
+                     model__draft={"kind": "model", "path": f"{bucket}/models/llama-other"})
+
+    result = submit(spec)
+
+    assert result.ok, result.failed
+    rows = [r for t in read_parts(OutputStore(spec.output.path)).values() for r in t.to_pylist()]
+    assert len(rows) == 4 and {r["finish_reason"] for r in rows} <= {"stop", "length"}
+    assert {r["target_model"] for r in rows} == {f"{bucket}/models/llama-target"}
+    assert {r["draft_model"] for r in rows} == {f"{bucket}/models/llama-other"}  # speculation.mode: on
+    assert sum(r["draft_tokens"] for r in rows) > 0
+
+
 def _mtimes(folder) -> dict[str, int]:
     return {p.name: p.stat().st_mtime_ns for p in (folder / "data").glob("part-*.parquet")}
 

@@ -369,12 +369,13 @@ def test_vllm_greedy_equals_hf_plain_and_speculative(vllm_backend, demo_prompt_i
 S3_LOAD = r"""
 import json, sys
 from batchspec.engine.backend import load_backend
+from batchspec.runner.checkpoints import local_checkpoints
 from batchspec.spec import load_spec
 spec = load_spec(sys.argv[1], json.loads(sys.argv[2]))
-backend = load_backend("vllm", spec.model, k_default=4)
+backend = load_backend("vllm", spec.model, k_default=4, local_paths=local_checkpoints(spec.model))
 outs, _ = backend.generate(json.loads(sys.argv[3]), 48, stop=("\n",), draft_length=4)
 print("RESULT" + json.dumps({"ids": [o.token_ids for o in outs], "drafted": sum(o.stats.draft_tokens for o in outs),
-                             "model": backend.llm.llm_engine.model_config.model}))
+                             "model": backend.llm.llm_engine.model_config.model, "named": backend.target_source}))
 """
 
 
@@ -394,6 +395,7 @@ def test_vllm_loads_target_and_draft_from_s3(s3_apart, tmp_path, demo_prompt_ids
                      env={**os.environ, "BATCHSPEC_CACHE": str(tmp_path / "cache")}, timeout=300)
     assert res["ids"] == hf_reference[0][:8] and res["drafted"] > 0
     assert res["model"].startswith(str(tmp_path / "cache"))  # vLLM read the fetched copy
+    assert res["named"] == f"{bucket}/models/legal-target"  # rows name the checkpoint as the job does
 
 
 def test_vllm_k_is_switched_per_call(vllm_backend, demo_prompt_ids, hf_reference):

@@ -84,17 +84,19 @@ def backend_for(spec) -> tuple[str, str]:
     return choose_backend(spec.model.backend, spec.model.draft.kind, gpu=spec.resources.gpus_per_actor > 0)
 
 
-def load_backend(name: str, spec_model, k_default: int = 4, sampled: bool = False):
+def load_backend(name: str, spec_model, k_default: int = 4, sampled: bool = False,
+                 local_paths: dict[str, str] | None = None):
     """Build the named backend from a spec.ModelSpec (weights are loaded here, once per actor).
     sampled: the job samples (temperature > 0); the vllm backend on CPU then schedules prompts
-    whole, so per-row seeds work (vllm_backend.engine_args)."""
+    whole, so per-row seeds work (vllm_backend.engine_args). local_paths: {s3:// source: local
+    directory} for the checkpoints the runner copied (runner.checkpoints.local_checkpoints)."""
     if name == "vllm":
         from .vllm_backend import VLLMBackend
 
-        return VLLMBackend.load(spec_model, k_default, sampled)
+        return VLLMBackend.load(spec_model, k_default, sampled, local_paths)
     from .engine import DraftSpec, Engine
 
     d = spec_model.draft
     return Engine.load(spec_model.target, DraftSpec(d.kind, d.path, d.bits, d.layers, d.max_ngram, d.tree_width),
                        device=spec_model.device, dtype=spec_model.dtype,
-                       trust_remote_code=spec_model.trust_remote_code, storage_options=spec_model.storage_options)
+                       trust_remote_code=spec_model.trust_remote_code, local_paths=local_paths)

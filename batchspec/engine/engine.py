@@ -62,10 +62,12 @@ class Engine:
 
     @classmethod
     def load(cls, target: str, draft: DraftSpec = DraftSpec(), device: str = "auto", dtype: str = "auto",
-             trust_remote_code: bool = False, storage_options: dict | None = None) -> "Engine":
+             trust_remote_code: bool = False, local_paths: dict[str, str] | None = None) -> "Engine":
+        """local_paths: {s3:// source: local directory} for sources the runner copied
+        (runner.checkpoints.local_checkpoints); the engine keeps the names it was given."""
         if draft.kind not in DRAFT_KINDS:
             raise ModelLoadError(f"unknown draft kind {draft.kind!r}; choose one of {', '.join(DRAFT_KINDS)}")
-        loaded = load_model(target, device, dtype, trust_remote_code, storage_options)
+        loaded = load_model(target, device, dtype, trust_remote_code, local_paths)
         problem = serving_problem(loaded.model.config)
         if problem:
             raise ModelLoadError(problem)
@@ -73,7 +75,7 @@ class Engine:
         if draft.kind == "model":
             if not draft.path:
                 raise ModelLoadError("draft kind 'model' needs draft.path (hub id, local dir or s3:// prefix)")
-            d = load_model(draft.path, loaded.model.device, loaded.model.dtype, trust_remote_code, storage_options)
+            d = load_model(draft.path, loaded.model.device, loaded.model.dtype, trust_remote_code, local_paths)
             check_tokenizers_compatible(loaded.tokenizer, d.tokenizer, draft.path)
             module, source = d.model, draft.path
         elif draft.kind == "quantized":
@@ -90,7 +92,7 @@ class Engine:
             if not draft.path:
                 raise ModelLoadError(f"draft kind '{draft.kind}' needs draft.path (its checkpoint)")
             load = {"medusa": load_medusa, "eagle": load_eagle, "eagle3": load_eagle3}[draft.kind]
-            module, source = load(draft.path, loaded.model, storage_options), draft.path
+            module, source = load(draft.path, loaded.model, local_paths), draft.path
         return cls(loaded, draft, module, source)
 
     @property

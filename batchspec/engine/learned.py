@@ -413,12 +413,13 @@ class EagleDraft:
 # Checkpoints
 
 
-def _local_dir(source: str, storage_options: dict | None) -> Path:
-    """A local directory for a local path, an s3:// prefix (cached copy) or a hub id (snapshot)."""
+def _local_dir(source: str, local_paths: dict[str, str] | None) -> Path:
+    """A local directory for a local path, an s3:// prefix (the runner's copy, in local_paths) or a
+    hub id (snapshot)."""
     problem = local_source_problem(source)
     if problem:
         raise ModelLoadError(problem)
-    path = Path(resolve_model_path(source, storage_options)).expanduser()
+    path = Path(resolve_model_path(source, local_paths)).expanduser()
     if path.is_dir():
         return path
     try:
@@ -449,13 +450,13 @@ def _checked_config(folder: Path, source: str, kind: str) -> dict:
     return cfg
 
 
-def load_medusa(source: str, target: nn.Module, storage_options: dict | None = None) -> MedusaHeads:
+def load_medusa(source: str, target: nn.Module, local_paths: dict[str, str] | None = None) -> MedusaHeads:
     """Heads in the Medusa reference layout: config.json names medusa_num_heads and
     medusa_num_layers (published configs carry nothing else: width and vocabulary come from the
     weights), medusa_lm_head.pt or .safetensors holds "{head}.{block}.linear.*" and
     "{head}.{num_layers}.weight". A file may hold more heads than its config names
     (FasterDecoding/medusa-vicuna-7b-v1.3: 5 in the file, 2 in the config): the config decides."""
-    folder = _local_dir(source, storage_options)
+    folder = _local_dir(source, local_paths)
     cfg = _checked_config(folder, source, "medusa")
     K, L = int(cfg["medusa_num_heads"]), int(cfg.get("medusa_num_layers", 1))
     weights = _state_dict(folder, ("medusa_lm_head", "model"))
@@ -489,13 +490,13 @@ def save_medusa(heads: MedusaHeads, out: Path, base: str) -> None:
     save_file({k: v.contiguous() for k, v in heads.heads.state_dict().items()}, str(out / "medusa_lm_head.safetensors"))
 
 
-def load_eagle(source: str, target: nn.Module, storage_options: dict | None = None) -> EagleModel:
+def load_eagle(source: str, target: nn.Module, local_paths: dict[str, str] | None = None) -> EagleModel:
     """batchspec's layout (fc.*, decoder.*), or the EAGLE reference's (fc.*, layers.0.* without an
     input norm, no final norm, embed_tokens.* which the target's embedding replaces), read from
     model.safetensors or pytorch_model.bin."""
     from transformers import LlamaConfig
 
-    folder = _local_dir(source, storage_options)
+    folder = _local_dir(source, local_paths)
     _checked_config(folder, source, "eagle")
     config = LlamaConfig.from_pretrained(folder)
     head = target.get_output_embeddings().weight
@@ -548,11 +549,11 @@ def _eagle3_config(folder: Path, source: str):
     return LlamaConfig(**{k: v for k, v in fields.items() if k not in ("model_type", "architectures")})
 
 
-def load_eagle3(source: str, target: nn.Module, storage_options: dict | None = None) -> Eagle3Model:
+def load_eagle3(source: str, target: nn.Module, local_paths: dict[str, str] | None = None) -> Eagle3Model:
     """The EAGLE-3 reference layout (the module docstring), as its published checkpoints and vLLM
     have it: midlayer.* (or layers.0.*), fc.*, norm.*, lm_head.*, d2t, t2d, optional embed_tokens;
     the config in the reference form or the speculators one."""
-    folder = _local_dir(source, storage_options)
+    folder = _local_dir(source, local_paths)
     config = _eagle3_config(folder, source)
     head = target.get_output_embeddings().weight
     n_layers = target.config.get_text_config().num_hidden_layers

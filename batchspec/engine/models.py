@@ -1,27 +1,13 @@
-"""Load a target or draft model from a hub id, a local directory or an s3:// prefix.
-
-s3:// prefixes are copied once into a local cache (keyed by the URI) through fsspec; a file lock
-plus an atomic rename means two actors on one machine never see, or write, a half-copied model.
-"""
+"""Load a target or draft model from a hub id or a local directory (an s3:// prefix once the runner
+has copied it: runner/checkpoints.py)."""
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from .sources import local_source_problem
-
-log = logging.getLogger("batchspec.engine")
-
-# Files a checkpoint needs; anything else under the prefix (optimizer states, logs) is skipped.
-_CHECKPOINT_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".txt", ".tiktoken", ".py", ".jinja", ".md")
 
 
 class ModelLoadError(RuntimeError):
@@ -34,10 +20,6 @@ class LoadedModel:
     tokenizer: object  # a transformers PreTrainedTokenizerBase
     source: str  # what the user asked for (hub id, dir or s3 URI)
     local_path: str  # where it was loaded from
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("BATCHSPEC_CACHE", Path.home() / ".cache" / "batchspec"))
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -63,40 +45,16 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
 
 
-def fetch_s3_prefix(uri: str, storage_options: dict | None = None) -> Path:
-    """Copy the checkpoint files under an s3:// prefix into the local cache; return the directory."""
-    import fsspec
-    from filelock import FileLock
-
-    key = hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:16]
-    dest = cache_root() / "models" / key
-    if (dest / ".complete").exists():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(dest) + ".lock"):
-        if (dest / ".complete").exists():  # another actor finished while we waited
-            return dest
-        fs, root = fsspec.core.url_to_fs(uri, **(storage_options or {}))
-        files = [f for f in fs.find(root) if f.endswith(_CHECKPOINT_SUFFIXES)]
-        if not any(f.endswith("config.json") for f in files):
-            raise ModelLoadError(f"no config.json under {uri}: is this a Hugging Face checkpoint prefix?")
-        staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=key + ".tmp"))
-        for f in files:
-            rel = f[len(root.rstrip("/")) + 1:]
-            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
-            fs.get_file(f, str(staging / rel))
-        (staging / ".complete").write_text(uri)
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(staging, dest)  # atomic on one filesystem: readers see all or nothing
-    log.info("fetched model %s into cache %s", uri, dest)
-    return dest
-
-
-def resolve_model_path(source: str, storage_options: dict | None = None) -> str:
-    """A local path for an s3:// prefix; local dirs and hub ids pass through unchanged."""
-    if source.startswith("s3://"):
-        return str(fetch_s3_prefix(source, storage_options))
-    return source
+def resolve_model_path(source: str, local_paths: dict[str, str] | None = None) -> str:
+    """Where to load `source` from: the local copy the runner made of an s3:// prefix (local_paths:
+    source -> directory, from runner.checkpoints.local_checkpoints), else `source` itself (a local
+    directory or a hub id). The engine reaches no object store itself."""
+    path = (local_paths or {}).get(source, source)
+    if path.startswith("s3://"):
+        raise ModelLoadError(f"{source} is an s3:// prefix, and the engine loads local directories and hub ids only: "
+                             "copy it first with batchspec.runner.checkpoints.local_checkpoints (a job does) and pass "
+                             "local_paths, or give a local directory")
+    return path
 
 
 def attention_window(config) -> int | None:
@@ -149,7 +107,7 @@ def load_model(
     device: str | torch.device = "auto",
     dtype: str | torch.dtype = "auto",
     trust_remote_code: bool = False,
-    storage_options: dict | None = None,
+    local_paths: dict[str, str] | None = None,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer, in eval mode, on the requested device and dtype."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -159,7 +117,7 @@ def load_model(
     problem = local_source_problem(source)
     if problem:
         raise ModelLoadError(problem)
-    path = resolve_model_path(source, storage_options)
+    path = resolve_model_path(source, local_paths)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, trust_remote_code=trust_remote_code)

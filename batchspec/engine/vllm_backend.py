@@ -116,24 +116,24 @@ def _kv_bytes_per_token(path: str, dtype_bytes: int) -> tuple[int, int] | None:
     return 2 * layers * kv_heads * head_dim * dtype_bytes, context
 
 
-def engine_args(spec_model, k_max: int, on_gpu: bool, sampled: bool = False) -> dict:
-    """vllm.LLM keyword arguments for a spec.ModelSpec (local paths already resolved). sampled: the
-    job samples (temperature > 0)."""
+def engine_args(spec_model, k_max: int, on_gpu: bool, sampled: bool = False,
+                local_paths: dict[str, str] | None = None) -> dict:
+    """vllm.LLM keyword arguments for a spec.ModelSpec. sampled: the job samples (temperature > 0);
+    local_paths: the runner's local copies of s3:// checkpoints (load_backend)."""
     from .models import resolve_model_path
 
-    so = spec_model.storage_options
     d = spec_model.draft
     dtype = spec_model.dtype
     if dtype == "auto" and not on_gpu:
         dtype = "float32"  # as the hf backend: exact parity on CPU; set bfloat16 for speed on AMX CPUs
-    target = resolve_model_path(spec_model.target, so)
+    target = resolve_model_path(spec_model.target, local_paths)
     args = {
         "model": target, "dtype": dtype, "seed": 0,
         "trust_remote_code": spec_model.trust_remote_code,
         # CUDA graphs and torch.compile pay back on GPUs; on CPU they cost ~2 minutes of start-up.
         "enforce_eager": not on_gpu,
         "disable_log_stats": False,  # per-request timestamps (ttft_s, latency_s)
-        "speculative_config": speculative_config(d.kind, resolve_model_path(d.path, so) if d.path else None,
+        "speculative_config": speculative_config(d.kind, resolve_model_path(d.path, local_paths) if d.path else None,
                                                  d.max_ngram, k_max, target, d.bits),
     }
     user = set(spec_model.vllm_args)
@@ -153,7 +153,7 @@ def engine_args(spec_model, k_max: int, on_gpu: bool, sampled: bool = False) -> 
             # Drafts with a cache of their own: a draft model, the target itself, an EAGLE layer.
             draft = target if d.kind == "quantized" else None
             if d.kind in ("model", "eagle", "eagle3") and d.path:
-                draft = resolve_model_path(d.path, so)
+                draft = resolve_model_path(d.path, local_paths)
             need = kv_cache_need(target, draft, 4 if dtype in ("float32", "float") else 2,
                                  int(spec_model.vllm_args.get("max_num_seqs", 256)))
             args["kv_cache_memory_bytes"] = min(need or CPU_KV_CACHE_BYTES, CPU_KV_CACHE_BYTES)
@@ -376,7 +376,8 @@ class VLLMBackend:
         return step
 
     @classmethod
-    def load(cls, spec_model, k_default: int = 4, sampled: bool = False) -> "VLLMBackend":
+    def load(cls, spec_model, k_default: int = 4, sampled: bool = False,
+             local_paths: dict[str, str] | None = None) -> "VLLMBackend":
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from transformers import AutoTokenizer
         from vllm import LLM
@@ -385,7 +386,7 @@ class VLLMBackend:
         # Learned drafts have a fixed number of heads/steps; the others can go up to 8 (policy k_max).
         k_max = k_default if d.kind in ("medusa", "mtp", "eagle", "eagle3") else max(8, k_default)
         on_gpu = resolve_device(spec_model.device).type == "cuda"
-        args = engine_args(spec_model, k_max, on_gpu, sampled)
+        args = engine_args(spec_model, k_max, on_gpu, sampled, local_paths)
         plain = None
         if spec_model.vllm_plain_engine and args["speculative_config"] is not None:
             # Started first: an engine started in a process where an ngram engine already runs fails in

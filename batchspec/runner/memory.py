@@ -96,7 +96,7 @@ def memory_root() -> Path | None:
         return None
     if where:
         return Path(where)
-    from ..engine.models import cache_root
+    from .checkpoints import cache_root
 
     try:
         return cache_root() / "policy"

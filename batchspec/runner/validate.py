@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..errors import error_line
 from ..spec import JobSpec
+from .checkpoints import checkpoint_sources
 from .plan import PlanError, Shard, plan_shards
 
 
@@ -141,12 +142,6 @@ def learned_draft_problem(path: str, kind: str) -> None:
         raise ValueError(problem)
 
 
-def _sources(spec: JobSpec) -> list[tuple[str, str]]:
-    """(role, source) of the checkpoints the job names: the target, and a draft that has a path."""
-    m = spec.model
-    return [("target", m.target)] + ([("draft", m.draft.path)] if m.draft.path and m.draft.kind != "ngram" else [])
-
-
 def _settled(role: str, source: str, storage_options: dict, problems: list[str]) -> bool:
     """What every check does first: an s3:// prefix must hold a config.json (checked without
     copying weights onto the driver: actors fetch them), a local path must be a checkpoint
@@ -176,14 +171,14 @@ def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None =
     from transformers import AutoConfig, AutoTokenizer
 
     from ..engine.drafts import check_tokenizers_compatible
-    from ..engine.models import ModelLoadError, attention_window, resolve_model_path, serving_problem
+    from ..engine.models import ModelLoadError, attention_window, serving_problem
 
     m, problems, toks = spec.model, [], {}
-    for role, source in _sources(spec):
+    for role, source in checkpoint_sources(spec.model):
         try:
             if _settled(role, source, m.storage_options, problems):
                 continue
-            path = resolve_model_path(source, m.storage_options)
+            path = source  # a local directory or a hub id: an s3:// prefix is settled above
             if role == "draft" and m.draft.kind != "model":  # learned drafts: their own config.json layouts
                 learned_draft_problem(path, m.draft.kind)
                 continue
@@ -221,7 +216,7 @@ def local_model_problems(spec: JobSpec) -> list[str] | None:
     from ..engine.sources import config_problem, vocab_problem
 
     m, problems, vocabs = spec.model, [], {}
-    for role, source in _sources(spec):
+    for role, source in checkpoint_sources(spec.model):
         try:
             if _settled(role, source, m.storage_options, problems):
                 continue

@@ -206,6 +206,7 @@ class ShardRunner:
     def __init__(self, spec: JobSpec, job_id: str, engine=None, calibrate: bool = True, backend: str | None = None):
         from ..engine.backend import HF_DRAFT_KINDS, backend_for, load_backend
         from ..engine.models import ModelLoadError
+        from .checkpoints import local_checkpoints
 
         self.spec, self.job_id = spec, job_id
         m = spec.model
@@ -213,7 +214,7 @@ class ShardRunner:
         if engine is None:
             backend = backend or backend_for(spec)[0]
             load = functools.partial(load_backend, spec_model=m, k_default=spec.speculation.num_speculative_tokens,
-                                     sampled=spec.generation.temperature > 0)
+                                     sampled=spec.generation.temperature > 0, local_paths=local_checkpoints(m))
             try:
                 engine = load(backend)
             except ModelLoadError as e:
