@@ -128,14 +128,14 @@ def engine_args(spec_model, k_max: int, on_gpu: bool, sampled: bool = False,
     if dtype == "auto" and not on_gpu:
         dtype = "float32"  # as the hf backend: exact parity on CPU; set bfloat16 for speed on AMX CPUs
     target = resolve_model_path(spec_model.target, local_paths)
+    draft_path = resolve_model_path(d.path, local_paths) if d.path and d.kind != "ngram" else None
     args = {
         "model": target, "dtype": dtype, "seed": 0,
         "trust_remote_code": spec_model.trust_remote_code,
         # CUDA graphs and torch.compile pay back on GPUs; on CPU they cost ~2 minutes of start-up.
         "enforce_eager": not on_gpu,
         "disable_log_stats": False,  # per-request timestamps (ttft_s, latency_s)
-        "speculative_config": speculative_config(d.kind, resolve_model_path(d.path, local_paths) if d.path else None,
-                                                 d.max_ngram, k_max, target, d.bits),
+        "speculative_config": speculative_config(d.kind, draft_path, d.max_ngram, k_max, target, d.bits),
     }
     user = set(spec_model.vllm_args)
     if "max_model_len" not in user:
@@ -154,7 +154,7 @@ def engine_args(spec_model, k_max: int, on_gpu: bool, sampled: bool = False,
             # Drafts with a cache of their own: a draft model, the target itself, an EAGLE layer.
             draft = target if d.kind == "quantized" else None
             if d.kind in ("model", "eagle", "eagle3") and d.path:
-                draft = resolve_model_path(d.path, local_paths)
+                draft = draft_path
             need = kv_cache_need(target, draft, 4 if dtype in ("float32", "float") else 2,
                                  int(spec_model.vllm_args.get("max_num_seqs", 256)))
             args["kv_cache_memory_bytes"] = min(need or CPU_KV_CACHE_BYTES, CPU_KV_CACHE_BYTES)

@@ -176,13 +176,12 @@ def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None =
     m, problems, toks = spec.model, [], {}
     for role, source in checkpoint_sources(spec.model):
         try:
-            if _settled(role, source, m.storage_options, problems):
+            if _settled(role, source, m.storage_options, problems):  # s3:// prefixes end here
                 continue
-            path = source  # a local directory or a hub id: an s3:// prefix is settled above
             if role == "draft" and m.draft.kind != "model":  # learned drafts: their own config.json layouts
-                learned_draft_problem(path, m.draft.kind)
+                learned_draft_problem(source, m.draft.kind)
                 continue
-            config = AutoConfig.from_pretrained(path, trust_remote_code=m.trust_remote_code)
+            config = AutoConfig.from_pretrained(source, trust_remote_code=m.trust_remote_code)
             if role == "target" and backend == "hf":
                 problem = serving_problem(config)
                 if problem:
@@ -192,7 +191,7 @@ def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None =
                     notes.append(f"target attends within a {window}-token window: rows whose prompt + max_new_tokens "
                                  f"exceed {window} tokens run without speculation (exact either way)")
             if role == "target" or m.draft.kind == "model":  # learned drafts use the target's tokenizer
-                toks[role] = AutoTokenizer.from_pretrained(path, trust_remote_code=m.trust_remote_code)
+                toks[role] = AutoTokenizer.from_pretrained(source, trust_remote_code=m.trust_remote_code)
         except Exception as e:
             problems.append(_unresolved(role, source, e))
     if len(toks) == 2:
