@@ -278,3 +278,25 @@ def test_target_ids_beyond_the_draft_embedding(models_dir, prompts, tmp_path):
     sampled, _ = engine.generate(rows, max_new_tokens=MAX_NEW, sampling=SamplingParams(temperature=1.0),
                                  seeds=list(range(len(rows))), speculate=True)
     assert all(o.stats.completion_tokens > 0 for o in sampled)
+
+
+def test_the_engine_imports_no_ray_pyarrow_or_object_store_client():
+    """DESIGN.md's seam: a backend never imports Ray, pyarrow or fsspec; s3:// checkpoints are
+    copied by the runner (runner/checkpoints.py). Every import in engine/, inside functions too."""
+    import ast
+    from pathlib import Path
+
+    import batchspec.engine
+
+    banned = {"ray", "pyarrow", "fsspec", "s3fs", "boto3", "botocore"}
+    found = []
+    for path in sorted(Path(batchspec.engine.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:  # absolute: from x import y
+                names = [node.module or ""]
+            else:
+                continue
+            found += [f"{path.name}: {n}" for n in names if n.split(".")[0] in banned]
+    assert found == []
