@@ -32,7 +32,7 @@ demo: $(STAMP)
 	$(BIN)/python -m batchspec.demo.show out/summarize_legal
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=25
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
