@@ -315,6 +315,7 @@ class StepArms:
         self.steps = {k: [0, 0, float("inf")] for k in self.arms}  # k -> [clean steps, fastest step's tokens, its seconds]
         self.prefill_s = 0.0  # the target's part of the prefill steps
         self.draft_prefill_s = 0.0  # the draft's part, where the engine timed it apart
+        self.fill_decode: dict[int, int] = {}  # k -> tokens that rows already decoding emitted in those steps
         self.rows = 0  # rows decoding at the largest clean step
         self.fastest_rows: dict[int, int] = {}  # k -> rows decoding at that arm's fastest clean step
         self.strict = strict  # arms timed at different rows are not kept as costs (costs_kept)
@@ -360,18 +361,23 @@ class StepArms:
         else:
             self.threshold = min(self.threshold, 1.0)  # on now: stays on down to break-even
 
-    def observe_step(self, k: int, seconds: float, tokens: int, rows: int, prefill: bool, draft_s: float = 0.0) -> None:
+    def observe_step(self, k: int, seconds: float, tokens: int, rows: int, prefill: bool, draft_s: float = 0.0,
+                     decode_tokens: int = 0) -> None:
         """seconds: the step's cost as this arm will pay it; draft_s: the draft's time, where the
         engine measured it apart and left it out of seconds (a prefill step's, or a plain step's
-        whose draft runs only while measuring)."""
+        whose draft runs only while measuring); decode_tokens: of a prefill step's tokens, those
+        that rows already decoding emitted (the rest are first tokens of rows whose prompt ended)."""
         if prefill:
             # What prompts cost is read from the call's fill, before its first clean step. In a
             # call of more rows than the engine runs at once, later steps decode the running rows
             # while admitting the next ones; counting those made 5.2 s of a 7.1 s demo call of
-            # 1,536 rows "prefill", and every later call "prefill-dominated".
+            # 1,536 rows "prefill", and every later call "prefill-dominated". Within the fill,
+            # rows admitted first decode while later prompts are chunked in: prefill_costs()
+            # takes their tokens out.
             if not self._decoded:
                 self.prefill_s += seconds
                 self.draft_prefill_s += draft_s
+                self.fill_decode[k] = self.fill_decode.get(k, 0) + decode_tokens
             self._last = k
             return
         self._decoded = True
@@ -408,6 +414,25 @@ class StepArms:
         the engine runs at once keeps them as before: on the mixed job the skewed costs keep it off,
         which bare vLLM agrees with, and refusing them there cost ~10% (docs/policy.md)."""
         return self.matched() or not self.strict
+
+    def prefill_costs(self) -> tuple[float, float]:
+        """Seconds the call's prompts cost, the target's and the draft's: the fill's steps less what
+        the tokens that rows already decoding emitted in them would have cost in the call's clean
+        steps at the same k. The cost model charges every new token to decoding steps, so with
+        those tokens left in they were charged twice. The 96-row demo call fills in 3 steps
+        (0.62-0.70 s of a 1.13-1.35 s call at k=4), and in the last two the first rows emit 665
+        tokens, 0.09-0.11 s at the clean steps' rate; taken out, the model's account of the call
+        adds up to the call. (A 1-token call over the same prompts, prefill alone, takes
+        0.57-0.60 s: decoding beside a prefill costs less than in a step of its own, so neither
+        figure is the prompts' cost exactly.) Tokens of an arm with no clean step stay in; so does
+        all of it if the estimate would leave nothing."""
+        rates = self.rates()
+        decode = sum(tokens / rates[k] for k, tokens in self.fill_decode.items() if tokens and rates.get(k))
+        total = self.prefill_s + self.draft_prefill_s
+        if not 0 < decode < total:
+            return self.prefill_s, self.draft_prefill_s
+        keep = (total - decode) / total
+        return self.prefill_s * keep, self.draft_prefill_s * keep
 
     def step_seconds(self) -> dict[int, float]:
         """Seconds of a clean step by arm, the fastest (the cost the policy keeps, as in rates())."""

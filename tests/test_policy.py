@@ -217,6 +217,28 @@ def test_a_drafts_prefill_measured_in_the_call_can_turn_later_calls_plain():
     assert c.draft_prefill_token_s == pytest.approx(0.002)
 
 
+def test_tokens_decoded_while_later_prompts_fill_are_not_counted_as_prefill():
+    """Chunked prefill: the 96-row demo call fills in three steps, and from the second on the rows
+    admitted first decode beside the next prompts. Their tokens are charged to decoding by the cost
+    model, so their share of those steps, at the clean steps' rate, comes out of the prompts' cost;
+    left in, the prompts looked ~2x as costly and every predicted speedup was pulled towards 1."""
+    rule = StepArms((4, 0), measure_steps=2)
+    rule.observe_step(4, 0.20, 32, 32, prefill=True, draft_s=0.10)  # 32 prompts, their first tokens
+    rule.observe_step(4, 0.30, 32 + 100, 64, prefill=True, draft_s=0.10, decode_tokens=100)
+    rule.observe_step(4, 0.30, 32 + 200, 96, prefill=True, draft_s=0.10, decode_tokens=200)
+    assert rule.prefill_costs() == (pytest.approx(0.80), pytest.approx(0.30))  # no clean step yet: all of it
+    for _ in range(2):
+        rule.observe_step(4, 0.10, 300, 96, prefill=False)  # clean k=4 steps: 3,000 tokens/s
+    rule.observe_step(4, 0.99, 999, 96, prefill=True, decode_tokens=900)  # after the fill: not prompts' cost
+    target, draft = rule.prefill_costs()
+    # 1.10 s of fill less 300 tokens at 3,000 tokens/s (0.10 s), split as the fill's parts were
+    assert (target, draft) == (pytest.approx(0.80 * 1.0 / 1.1), pytest.approx(0.30 * 1.0 / 1.1))
+    assert (rule.prefill_s, rule.draft_prefill_s) == (pytest.approx(0.80), pytest.approx(0.30))
+    skewed = StepArms((4,))
+    skewed.observe_step(4, 0.01, 500, 96, prefill=True, decode_tokens=500)
+    skewed.observe_step(4, 0.10, 300, 96, prefill=False)
+    assert skewed.prefill_costs() == (pytest.approx(0.01), 0.0)  # an estimate past the whole fill: left as measured
+
 def test_costs_from_steps_need_a_plain_and_a_speculative_step():
     assert Costs.from_steps(64, {4: 0.03}, 1e-4) is None
     assert Costs.from_steps(64, {0: 0.01}, 1e-4) is None

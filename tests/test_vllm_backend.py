@@ -901,17 +901,20 @@ def test_a_call_of_more_rows_than_vllm_runs_at_once_measures_on_its_first_rows(v
 def test_vllm_switches_k_between_engine_steps_without_changing_a_token(vllm_backend, demo_prompt_ids, hf_reference):
     """A step rule (the duck type of policy.StepArms) sets k before every engine step of one call:
     rows equal plain greedy decoding, each step is reported with the k it ran, the steps' tokens
-    add up to the completions, and a clean plain step emits exactly one token per running row."""
+    add up to the completions, and a clean plain step emits exactly one token per running row.
+    The 96 prompts fill in more than one step, and in the later ones the rows admitted first
+    decode: those tokens are reported apart, the rest being one first token per row at most."""
 
     class Script:
         def __init__(self, ks):
-            self.ks, self.seen = ks, []
+            self.ks, self.seen, self.decoding = ks, [], []
 
         def next_k(self):
             return self.ks[len(self.seen) % len(self.ks)]
 
-        def observe_step(self, k, seconds, tokens, rows, prefill, draft_s=0.0):
+        def observe_step(self, k, seconds, tokens, rows, prefill, draft_s=0.0, decode_tokens=0):
             self.seen.append((k, seconds, tokens, rows, prefill))
+            self.decoding.append(decode_tokens)
 
     rule = Script([4, 4, 0, 0, 0, 2, 2, 1])
     outs, _ = vllm_backend.generate(demo_prompt_ids, 48, stop=("\n",), speculate=True, draft_length=rule)
@@ -925,6 +928,10 @@ def test_vllm_switches_k_between_engine_steps_without_changing_a_token(vllm_back
     assert clean_plain and all(tokens == rows for tokens, rows in clean_plain)
     assert any(tokens > rows for k, _, tokens, rows, prefill in rule.seen if k == 4 and not prefill)
     assert sum(o.stats.draft_tokens for o in outs) > 0
+    fill = [(tokens, rows, decoding) for (_, _, tokens, rows, prefill), decoding in zip(rule.seen, rule.decoding) if prefill]
+    assert len(fill) > 1 and fill[0][2] == 0 and any(decoding > 0 for *_, decoding in fill[1:])
+    assert all(0 <= tokens - decoding <= rows for tokens, rows, decoding in fill)
+    assert all(decoding == 0 for (*_, prefill), decoding in zip(rule.seen, rule.decoding) if not prefill)
 
 
 def test_plain_decoding_on_the_speculative_engine_skips_the_draft_and_leaves_no_cache_behind(
@@ -959,7 +966,7 @@ def test_plain_decoding_on_the_speculative_engine_skips_the_draft_and_leaves_no_
             self.settled = len(self.seen) >= 5
             return 4 if len(self.seen) < 2 else 0
 
-        def observe_step(self, k, seconds, tokens, rows, prefill, draft_s=0.0):
+        def observe_step(self, k, seconds, tokens, rows, prefill, draft_s=0.0, decode_tokens=0):
             self.seen.append((k, self.settled, len(forwards)))
 
     try:

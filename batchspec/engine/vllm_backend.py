@@ -366,12 +366,18 @@ class VLLMBackend:
             # The draft is timed apart where a plain call would not run it: over the prompts, and in
             # a plain step measured while the rule still might go back to k > 0.
             self._time_draft = self.skips_draft and not self._skip_draft and (prefill or (k == 0 and not settled))
+            # Rows past their prompt decode in a prefill step too (chunked prefill admits the next
+            # prompts beside them); the rule takes their tokens out of what prompts cost.
+            decoding = {r.request_id for r in sched.running if r.num_computed_tokens >= r.num_prompt_tokens} \
+                if prefill else ()
             self._draft_s = 0.0
             t = time.perf_counter()
             out = get_output()
             seconds = time.perf_counter() - t - self._draft_s
             tokens = sum(len(o.new_token_ids) for o in out.outputs)
-            rule.observe_step(k, seconds, tokens, len(out.outputs), prefill, draft_s=self._draft_s)
+            decode_tokens = sum(len(o.new_token_ids) for o in out.outputs if o.request_id in decoding)
+            rule.observe_step(k, seconds, tokens, len(out.outputs), prefill, draft_s=self._draft_s,
+                              decode_tokens=decode_tokens)
             return out
 
         return step

@@ -653,7 +653,7 @@ class ShardRunner:
         # and as Policy.predict multiplies them by the mean prompt length), not per token.
         positions = sum(len(r.token_ids) for _, r in batch) / max(len(batch), 1) or 1
         steps = rule.step_seconds() if rule.costs_kept() else {}  # not kept: the next call measures again
-        prefill, draft_prefill = rule.prefill_s / positions, rule.draft_prefill_s / positions
+        prefill, draft_prefill = (seconds / positions for seconds in rule.prefill_costs())
         if b in self.costs_by_batch:
             self.costs_by_batch[b].learn_steps(steps, prefill, draft_prefill)
         elif (costs := Costs.from_steps(b, steps, prefill, draft_prefill)) is not None:
