@@ -169,7 +169,9 @@ def test_a_jobs_second_run_starts_from_the_memory_its_first_left(models_dir, tmp
 
 
 def test_ctrl_c_records_the_run_and_says_how_to_continue(models_dir, tmp_path):
-    job = write_job(models_dir, tmp_path, shards=12, rows=40, max_new=128)
+    # 12 shards of 3 micro-batches, ~1 s each: the signal after the first lands with most to do,
+    # and the rerun is short (at 40 rows a shard this test took 85-89 s, now 57 s).
+    job = write_job(models_dir, tmp_path, shards=12, rows=12, max_new=128)
     code, text = interrupt_when(job, tmp_path, " rows | so far: ")
     assert code == 130
     assert "interrupted:" in text and f"`batchspec rerun {job}` runs only those" in text
@@ -244,9 +246,13 @@ def test_a_second_ctrl_c_while_an_interrupted_job_stops_ray_is_ignored(models_di
     assert record["status"] == "interrupted"
 
 
-def one_line_error(res) -> str:
+def one_line_error(res, after: str | None = None) -> str:
+    """The one `error: ` line of a refused command (exit 2); after: the one line allowed before it."""
     assert res.exit_code == 2, res.output
     lines = [line for line in res.output.splitlines() if line.strip()]
+    if after is not None:
+        assert lines[:1] == [after], res.output
+        lines = lines[1:]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in res.output, res.output
     return lines[0]
 
@@ -350,9 +356,11 @@ def test_every_reader_opens_the_output(models_dir, ray_session, tmp_path):
     assert duckdb.sql(f"select count(distinct id) from '{data}/*.parquet'").fetchall()[0][0] == expected
 
 
-def test_a_model_the_engine_cannot_serve_is_refused_before_ray(models_dir, tmp_path):
-    """A recurrent model (here a Mamba config) is refused by the driver in one line, exit 2,
-    before Ray starts or anything is written: not an ActorDiedError from every actor."""
+def test_a_model_the_engine_cannot_serve_is_refused_by_the_driver_before_anything_is_written(models_dir, tmp_path):
+    """A recurrent model (here a Mamba config) is refused by the driver in one line, exit 2, before
+    anything is written: not an ActorDiedError from every actor. The check that finds it imports
+    transformers, so it runs while Ray starts (runner/job.py, _ModelCheck): the plan line comes
+    first."""
     from transformers import AutoConfig, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(models_dir / "tokenizer")
@@ -360,7 +368,7 @@ def test_a_model_the_engine_cannot_serve_is_refused_before_ray(models_dir, tmp_p
     AutoConfig.for_model("mamba", vocab_size=len(tok), hidden_size=64, num_hidden_layers=2).save_pretrained(mamba)
     tok.save_pretrained(mamba)
     job = write_job(models_dir, tmp_path, name="mamba", target=str(mamba))
-    line = one_line_error(CliRunner().invoke(app, ["submit", str(job)]))
+    line = one_line_error(CliRunner().invoke(app, ["submit", str(job)]), after="3 shard(s): 3 to run, 0 already done")
     assert "model type 'mamba' has layers of type linear_attention" in line and "model.backend: vllm" in line
     assert not (tmp_path / "mamba-out").exists()
     res = CliRunner().invoke(app, ["validate", str(job)])

@@ -308,6 +308,35 @@ def test_model_that_fails_to_load_writes_nothing(models_dir, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_the_model_check_runs_beside_rays_start_and_a_missing_path_is_refused_before_it(models_dir, tmp_path,
+                                                                                         monkeypatch):
+    """On the hf backend the driver's model check imports transformers and torch (~6.5 s on two
+    cores); it runs on a thread while Ray starts. A path that does not exist needs no import and
+    is refused before Ray starts; a problem only the full check finds is refused once Ray is up,
+    before the lease is taken: the output stays as it was either way."""
+    import batchspec.runner.job as job
+    from batchspec.testing import build_model, build_tokenizer
+
+    write_prompt_shards(local_writer(tmp_path / "in"), 1, 2)
+    events = []
+
+    def fake_init_ray(*args, **kwargs):  # this session's Ray is up already: only record the call
+        events.append("ray")
+        return False
+
+    monkeypatch.setattr(job, "init_ray", fake_init_ray)
+    missing = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"), model__target=str(tmp_path / "none"))
+    with pytest.raises(JobRefused, match="target model: model directory .* does not exist"):
+        submit(missing)
+    assert events == []  # refused before Ray
+    other_vocab = build_model(tmp_path / "v", "llama", build_tokenizer(tmp_path / "t", vocab_size=300), seed=2)
+    bad_draft = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"),
+                          model__draft={"kind": "model", "path": str(other_vocab)})
+    with pytest.raises(JobRefused, match="incompatible tokenizer"):
+        submit(bad_draft)
+    assert len(events) == 1 and not (tmp_path / "out").exists()
+
+
 def test_vllm_driver_checks_local_models_without_transformers_and_finds_the_same_problems(models_dir, tmp_path):
     """The vllm backend's driver check reads local configs and tokenizer.json itself (importing
     transformers costs ~3.5 s of start-up); it must refuse what the transformers check refuses."""

@@ -161,6 +161,16 @@ def _settled(role: str, source: str, storage_options: dict, problems: list[str])
     return problem is not None
 
 
+def local_path_problems(spec: JobSpec) -> list[str]:
+    """The part of resolve_models that needs neither transformers nor the network: local paths that
+    are not checkpoint directories (word for word as resolve_models words them). Instant, so a
+    typo is refused before Ray starts, while the full check runs beside Ray's start."""
+    from ..engine.sources import local_source_problem
+
+    return [f"{role} model: {problem}" for role, source in checkpoint_sources(spec.model)
+            if (problem := local_source_problem(source))]
+
+
 def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None = None) -> list[str]:
     """Load configs and tokenizers (no weights) of the target and a model draft; list problems
     (and, into `notes`, what the user should know: a sliding window limits speculation)."""
