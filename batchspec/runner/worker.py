@@ -648,6 +648,16 @@ class ShardRunner:
         the next decisions at this concurrency, and when it measured plain against speculative
         steps, record what it kept as the decision of the call's rows (in each shard's manifest)."""
         rule.finish()
+        # A call decided beforehand: did what its steps delivered pay? Judged by the costs the call
+        # was decided and guarded with, before this call's steps refresh them below. Judged after,
+        # one step's time measured here was set against a plain step remembered from another run:
+        # in CI, under load, a check whose rows had all run at k and stayed on was counted as
+        # confirming its "off" (test_an_off_from_an_earlier_runs_acceptance_is_checked_...).
+        verdict = None
+        if rule.guard is not None:
+            alpha = rule.acceptance().get(rule.arms[0])
+            if rule.stopped or alpha is not None:
+                verdict = "off" if rule.stopped or rule.guard(alpha) < rule.threshold else "on"
         b = self.concurrency(len(batch))
         # Prefill costs are per prompt position for the whole batch (as measure_costs gives them,
         # and as Policy.predict multiplies them by the mean prompt length), not per token.
@@ -661,11 +671,9 @@ class ShardRunner:
         self.policy.costs = self.costs_by_batch.get(b)
         if decision.numbers.get("checking"):
             self.recheck = False  # once a run: later calls decide from what this one delivered
-        if rule.guard is not None:  # decided beforehand: did what its steps delivered pay?
-            alpha = rule.acceptance().get(rule.arms[0])
-            if rule.stopped or alpha is not None:
-                self._found("off" if rule.stopped or rule.guard(alpha) < rule.threshold else "on")
-        elif rule.explored():
+        if verdict is not None:
+            self._found(verdict)
+        elif rule.guard is None and rule.explored():
             self._found("on" if rule.k > 0 else "off")
         if rule.stopped:  # the call's own acceptance said speculation no longer pays
             seen = rule.stopped
