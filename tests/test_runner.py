@@ -376,6 +376,47 @@ def test_vllm_driver_checks_local_models_without_transformers_and_finds_the_same
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_lease_read_while_its_holder_rewrites_it_sees_a_whole_record(tmp_path, s3, where):
+    """A second submit reads the lease while the first run's heartbeat replaces it (CI caught an
+    S3 read failing so: a buffered open pins the ETag of its HEAD). Every read must give a whole
+    record or none, never an error or a half-written file."""
+    import threading
+    import time
+
+    if where == "local":
+        store = OutputStore(str(tmp_path / "out"))
+    else:
+        opts, fs, bucket = s3
+        store = OutputStore(f"{bucket}/out", opts)
+    path = store.meta_path("lease.json")
+    record = {"job_id": "holder", "beat": 0, "pad": "x" * 4000}
+    store.write_json(path, record)
+    stop, writes = threading.Event(), [0]
+
+    def holder():
+        while not stop.is_set():  # heartbeats, and a release-and-retake, as fast as they go
+            writes[0] += 1
+            if writes[0] % 5:
+                store.write_json(path, dict(record, beat=writes[0]))
+            else:
+                store.delete(path)
+                assert store.create_exclusive(path, dict(record, beat=writes[0]))
+
+    beating = threading.Thread(target=holder)
+    beating.start()
+    seen, deadline = [], time.monotonic() + 20
+    try:
+        while (writes[0] < 100 or len(seen) < 100) and time.monotonic() < deadline:
+            seen.append(store.read_json(path))
+    finally:
+        stop.set()
+        beating.join()
+    assert writes[0] >= 100 and len(seen) >= 100  # the reads really overlapped many rewrites
+    assert all(r is None or (r["job_id"] == "holder" and len(r["pad"]) == 4000) for r in seen)
+    assert any(r is not None for r in seen)
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
 def test_second_submit_is_refused_while_a_lease_is_held(models_dir, ray_session, tmp_path, s3, where):
     import time
 

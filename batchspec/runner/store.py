@@ -150,18 +150,33 @@ class OutputStore:
             self._publish(local, dest)
 
     def create_exclusive(self, dest: str, obj: Any) -> bool:
-        """Write dest only if it does not exist (O_EXCL locally, If-None-Match: * on S3).
+        """Write dest only if it does not exist (a hard link locally, If-None-Match: * on S3).
         Returns False when it already exists."""
         data = json.dumps(obj, indent=2, sort_keys=True, default=str).encode()
         if self.is_local:
-            os.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
+            # Written whole under a private name, then linked into place: link() fails if dest
+            # exists, and a reader never sees dest half written.
+            folder = dest.rsplit("/", 1)[0]
+            os.makedirs(folder, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".create-")
             try:
-                fd = os.open(dest, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.chmod(tmp, 0o644)
+                os.link(tmp, dest)
+                return True
             except FileExistsError:
                 return False
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            return True
+            except OSError:  # a filesystem without hard links: O_EXCL, briefly visible empty
+                try:
+                    fd = os.open(dest, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                except FileExistsError:
+                    return False
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                return True
+            finally:
+                os.unlink(tmp)
         try:
             self.fs.pipe_file(dest, data, mode="create")
             return True
@@ -193,9 +208,11 @@ class OutputStore:
 
     # reads -----------------------------------------------------------------------------------
     def read_json(self, path: str) -> dict | None:
+        # One whole-object GET: a buffered open() on S3 pins the ETag it saw and fails when the
+        # object is replaced between its HEAD and its ranged read, which a live lease's
+        # heartbeat does every few seconds.
         try:
-            with self.fs.open(path, "r") as f:
-                return json.load(f)
+            return json.loads(self.fs.cat_file(path))
         except FileNotFoundError:
             return None
 
