@@ -43,6 +43,7 @@ def main() -> None:
     from batchspec.demo.corpus import examples
     from batchspec.engine import DraftSpec, Engine
     from batchspec.engine.engine import measure_costs
+    from batchspec.rates import acceptance_rate, mean_acceptance_length
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
@@ -88,8 +89,9 @@ def main() -> None:
             costs = measure_costs(engines[name], batch, ks=(args.k,), repeats=3)
             exact = sum(a.token_ids == b.token_ids for a, b in zip(o, outs["plain"]))
             entry = results["kinds"].setdefault(name, {})
-            entry.update({"acceptance": round(acc / drafted, 3) if drafted else None,
-                          "mean_acceptance_length": round(1 + acc / rounds, 2) if rounds else None,
+            rate, length = acceptance_rate(acc, drafted), mean_acceptance_length(acc, rounds)
+            entry.update({"acceptance": None if rate is None else round(rate, 3),
+                          "mean_acceptance_length": None if length is None else round(length, 2),
                           f"c_batch{batch}": round(costs["draft_step_s"] / costs["target_step_s"], 3),
                           f"speedup_batch{batch}": round(plain_s / statistics.median(times[name]), 2),
                           f"exact_vs_plain_batch{batch}": f"{exact}/{len(o)}"})

@@ -44,6 +44,7 @@ def make_shards(folder: Path, tokenizer, rows: int, shards_per_kind: int, contex
 
 
 def run_job(spec_data: dict, inp: Path, out: Path, mode: str) -> dict[str, dict]:
+    from batchspec.rates import acceptance_rate
     from batchspec.runner.plan import plan_shards
     from batchspec.runner.worker import ShardRunner
     from batchspec.spec import spec_from_dict
@@ -56,8 +57,7 @@ def run_job(spec_data: dict, inp: Path, out: Path, mode: str) -> dict[str, dict]
         m = runner.run(shard)
         manifests[shard.shard] = {"generate_s": m["timings"]["generate_s"], "decisions": [d["reason"] for d in m["decisions"]],
                                   "completion_tokens": m["tokens"]["completion_tokens"],
-                                  "acceptance": (m["tokens"]["accepted_tokens"] / m["tokens"]["draft_tokens"])
-                                  if m["tokens"]["draft_tokens"] else None}
+                                  "acceptance": acceptance_rate(m["tokens"]["accepted_tokens"], m["tokens"]["draft_tokens"])}
     return manifests
 
 
