@@ -58,6 +58,7 @@ def _run(job: str, overrides: list[str], address: Optional[str], force: bool, qu
     configure(log_format, "WARNING" if quiet or log_format == "text" else "INFO")
     spec = _load(job, overrides)
     from .runner.job import JobInterrupted, JobRefused, submit
+    from .runner.lease import LeaseLost
     from .runner.plan import PlanError
     from .runner.progress import Progress
 
@@ -77,6 +78,11 @@ def _run(job: str, overrides: list[str], address: Optional[str], force: bool, qu
                             on_plan=progress.planned, worker_logs=worker_logs)
     except (JobRefused, PlanError) as e:
         _die(str(e))
+    except LeaseLost as e:  # another run has the output now: say so, and leave it to that run
+        typer.echo(f"error: {e}", err=True)
+        if not ray_was_running:
+            _stop_ray(worker_logs)
+        raise typer.Exit(EXIT_FAILED_SHARDS) from None
     except JobInterrupted as e:
         st = e.status["shards"]
         # `rerun` needs a recorded job; interrupted while joining Ray, a new output has none yet.
@@ -176,7 +182,8 @@ def submit(
 
     Prints a line per shard and a summary, whose time says how much of it was start-up ("of which
     start-up 14.5s (Ray 4.0s, engine load 10.1s)"; job.json keeps it per actor). Exit code 0 when
-    every shard is committed, 1 when some failed (rerun them), 2 on a usage error, 130 when
+    every shard is committed, 1 when some failed (rerun them) or another run took the output
+    over (--force elsewhere: this run stops before its next shard), 2 on a usage error, 130 when
     interrupted (Ctrl-C) and 143 when terminated (SIGTERM, e.g. a scheduler's timeout); after
     either, rerun continues.
 

@@ -163,7 +163,6 @@ def batchspec(job: Path, backend: str, out_dir: Path, *sets: str, address: str |
     actors = ((store.read_job() or {}).get("runs") or [{}])[-1].get("startup", {}).get("actors") or []
     ready_at = min((a["ready_at_unix"] for a in actors), default=None)
     gen = sum(m["timings"]["generate_s"] for m in ms.values())
-    total = sum(m["timings"]["total_s"] for m in ms.values())
     calib = sum(m["timings"].get("calibrate_s", 0.0) for m in ms.values())
     rows = [r for s in ms for r in store.read_part(s).to_pylist()]
     return {"generate_s": gen, "calibrate_s": calib, "wall_s": wall, **split_startup(launched, ready_at, ended),

@@ -445,6 +445,39 @@ def test_second_submit_is_refused_while_a_lease_is_held(models_dir, ray_session,
     assert submit(spec, force=True).done == []
 
 
+def test_a_run_whose_lease_another_run_takes_over_stops_before_its_next_shard(models_dir, ray_session, tmp_path,
+                                                                              monkeypatch):
+    """`rerun --force` elsewhere while this run was alive after all: it must neither beat the new
+    holder's lease away nor go on writing the output beside it, and what it committed stays."""
+    import time
+
+    from batchspec.runner import lease as lease_mod
+    from batchspec.runner.lease import Lease, LeaseLost
+
+    monkeypatch.setattr(lease_mod, "HEARTBEAT_S", 0.1)
+    write_prompt_shards(local_writer(tmp_path / "in"), 5, 2)
+    spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"))
+    store = OutputStore(spec.output.path)
+    forcing = []
+
+    def on_shard(manifest):
+        if not forcing:  # after the first shard, another driver forces its way in
+            forcing.append(Lease(store, "the-forcing-run", heartbeat_s=60))
+            forcing[0].acquire(force=True)
+            time.sleep(1.0)  # ten of this run's heartbeats
+
+    with pytest.raises(LeaseLost, match=r"job the-forcing-run \(.*\) took over .* stopped after 1 shard\(s\)"):
+        submit(spec, on_shard=on_shard)
+    assert store.read_json(store.meta_path("lease.json"))["job_id"] == "the-forcing-run"  # not beaten away, not released
+    assert store.read_job()["runs"][-1]["status"] == "running"  # its record is the new holder's to write now
+    assert not store.has_success()
+    st = status(spec.output.path)
+    assert (st["shards"]["done"], st["shards"]["pending"]) == (1, 4)
+    forcing[0].release()
+    again = submit(spec)  # the holder's run, in effect: the rest, nothing redone
+    assert again.ok and len(again.done) == 4 and len(again.skipped) == 1
+
+
 def test_lease_of_a_dead_local_process_is_taken_over_at_once(tmp_path):
     import subprocess
     import sys

@@ -23,7 +23,7 @@ from typing import Callable
 
 from ..errors import error_line
 from ..spec import JobSpec
-from .lease import Lease, LeaseHeld
+from .lease import Lease, LeaseHeld, LeaseLost
 from .logs import log_event
 from .plan import Shard, input_fingerprint, plan_shards
 from .store import OutputStore
@@ -337,7 +337,7 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
     _terminated.clear()  # an earlier run in this process may have been terminated
     try:
         with _sigterm_as_interrupt():
-            return _run(spec, store, shards, todo, job_id, on_shard, t0, backend, ray_s)
+            return _run(spec, store, shards, todo, job_id, on_shard, t0, backend, ray_s, lease)
     except JobInterrupted:
         raise
     except KeyboardInterrupt:
@@ -466,7 +466,17 @@ def pick_backend(spec: JobSpec) -> tuple[str, str]:
         raise JobRefused(str(e)) from None
 
 
-def _run(spec, store, shards, todo, job_id, on_shard, t0, backend, ray_s=None) -> JobResult:
+def _still_ours(lease: Lease | None, job_id: str, done: int) -> None:
+    """Raise LeaseLost once another run has taken the output over: this run writes no more."""
+    if lease is not None and lease.lost:
+        # INFO: the CLI's `error:` line tells it in text; JSON logs get this record as well.
+        log_event(log, "lease lost", logging.INFO, job=job_id, why=lease.lost, done=done)
+        raise LeaseLost(f"{lease.lost} (--force, or this run's heartbeat went stale); this run stopped after "
+                        f"{done} shard(s) so that two runs do not write one output. What it committed stays; "
+                        f"the run that holds the lease does the rest (batchspec status shows it)")
+
+
+def _run(spec, store, shards, todo, job_id, on_shard, t0, backend, ray_s=None, lease: Lease | None = None) -> JobResult:
     result = JobResult(job_id, spec.output.path, len(shards), skipped=[s.shard for s in shards if s not in todo],
                        ray_s=ray_s)
     began_at = time.time() - (time.perf_counter() - t0)  # the run's start in wall-clock time, as actors tell theirs
@@ -507,6 +517,7 @@ def _run(spec, store, shards, todo, job_id, on_shard, t0, backend, ray_s=None) -
                 _log_shard(job_id, manifest, shown=on_shard is not None)
                 if on_shard:
                     on_shard(manifest)
+            _still_ours(lease, job_id, len(reported))  # the call's shards are committed; hand out no more
 
     # Manifests are the truth: re-read them rather than trusting what came back through Ray.
     manifests = store.manifests()
@@ -527,6 +538,7 @@ def _run(spec, store, shards, todo, job_id, on_shard, t0, backend, ray_s=None) -
                                       or "no manifest written (the worker did not finish)")
     result.wall_s = time.perf_counter() - t0
     status = "succeeded" if result.ok else "failed"
+    _still_ours(lease, job_id, len(reported))
     store.write_job(_job_record(spec, job_id, shards, store.read_job(), status=status, result=result, backend=backend))
     if result.ok:
         store.mark_success({"job_id": job_id, "shards": len(shards), "rows": result.rows, "finished_at": now_iso()})

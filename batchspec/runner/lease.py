@@ -13,10 +13,16 @@ deletes it at the end. A later submit that finds it:
   died): `stale_s`, at least three of the holder's own heartbeat intervals;
 - is refused otherwise, unless --force.
 
+A holder that was alive after all (forced, or cut off from the store for longer than the limit)
+finds another job's lease at its next heartbeat: it stops beating, and its job stops before its
+next shard without writing job.json again (LeaseLost), so the two runs do not both record the
+output. Its shards already committed stay: a part is a function of its shard.
+
 Defaults: a heartbeat every 10 s, stale after 60 s; BATCHSPEC_LEASE_HEARTBEAT_S and
 BATCHSPEC_LEASE_STALE_S change them (docs/operations.md). Taking over a stale lease is not
-atomic: two drivers that find the same stale lease at the same moment could both take it; keep
-reruns of one output in one scheduler to rule that out.
+atomic: two drivers that find the same stale lease at the same moment could both take it, and a
+heartbeat reads the lease before it rewrites it, so a takeover within those milliseconds is
+overwritten; keep reruns of one output in one scheduler to rule that out.
 """
 
 from __future__ import annotations
@@ -34,6 +40,11 @@ DEFAULT_TIMEOUT_S = float(os.environ.get("BATCHSPEC_LEASE_STALE_S", 60))  # no h
 
 class LeaseHeld(RuntimeError):
     pass
+
+
+class LeaseLost(RuntimeError):
+    """Another run took this run's lease over while it ran (`--force`, or a heartbeat that went
+    stale): this run stops before its next shard and writes no more of the job's records."""
 
 
 def _process_started(pid: int) -> float | None:
@@ -86,6 +97,7 @@ class Lease:
         self.path = store.meta_path("lease.json")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.lost: str | None = None  # who took the lease over from this run (--force, or stale)
 
     def _record(self, acquired_at: float) -> dict:
         host, pid = socket.gethostname(), os.getpid()
@@ -117,7 +129,16 @@ class Lease:
         def beat():
             while not self._stop.wait(self.heartbeat_s):
                 try:
-                    self.store.write_json(self.path, self._record(acquired))
+                    held = self.store.read_json(self.path)
+                    if held is None:  # deleted by hand: this run still holds the output
+                        self.store.create_exclusive(self.path, self._record(acquired))
+                    elif held.get("job_id") != self.job_id:
+                        # Another run took it over. Beating on would overwrite its lease, and the
+                        # job stops at its next shard (LeaseLost) rather than write beside it.
+                        self.lost = f"job {held.get('job_id')} ({held.get('owner')}) took over this output's lease"
+                        return
+                    else:
+                        self.store.write_json(self.path, self._record(acquired))
                 except Exception:  # a missed heartbeat is retried at the next beat
                     pass
 
