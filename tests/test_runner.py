@@ -478,6 +478,28 @@ def test_a_run_whose_lease_another_run_takes_over_stops_before_its_next_shard(mo
     assert again.ok and len(again.done) == 4 and len(again.skipped) == 1
 
 
+def test_a_shard_committed_since_the_driver_planned_it_is_not_generated_again(models_dir, tmp_path):
+    """A call retried after its actor died past a shard's commit, or a forced run that planned
+    while the run it displaced still committed, reached an actor with a shard that is done: it was
+    generated again. Now the actor returns the committed manifest; another spec or input still
+    regenerates."""
+    from batchspec.runner.plan import plan_shards
+    from batchspec.runner.worker import ShardRunner
+
+    write_prompt_shards(local_writer(tmp_path / "in"), 1, 2)
+    spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"))
+    (shard,) = plan_shards(spec.input.path)
+    runner = ShardRunner(spec, "first-run")
+    assert runner.run(shard)["job_id"] == "first-run"
+    part = runner.store.part_path(shard.shard)
+    written = os.stat(part).st_mtime_ns
+    again = ShardRunner(spec, "second-run").run(shard)
+    assert again["status"] == "done" and again["job_id"] == "first-run" and os.stat(part).st_mtime_ns == written
+    other = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"), generation__max_new_tokens=6)
+    assert ShardRunner(other, "third-run").run(shard)["job_id"] == "third-run"  # another spec: generated
+    assert os.stat(part).st_mtime_ns != written
+
+
 def test_lease_of_a_dead_local_process_is_taken_over_at_once(tmp_path):
     import subprocess
     import sys

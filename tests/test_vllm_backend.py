@@ -595,6 +595,7 @@ def test_auto_policy_on_vllm_measures_in_the_call_then_decides_from_learned_cost
     that the kept arm is the faster one measured, not which it is; rows equal the hf reference
     either way, and a row says it was speculated for exactly when it was drafted for."""
     from batchspec.runner.plan import plan_shards
+    from batchspec.runner.store import OutputStore
     from batchspec.runner.worker import ShardRunner
 
     spec = _demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto")
@@ -624,7 +625,10 @@ def test_auto_policy_on_vllm_measures_in_the_call_then_decides_from_learned_cost
     assert all(r["spec_enabled"] == (r["draft_tokens"] > 0) for r in rows)
     assert all(r["num_speculative_tokens"] == 4 for r in rows if r["spec_enabled"])
 
-    again = runner.run_many(shards)  # same concurrency: decided from the learned costs, no measuring
+    # Same concurrency: decided from the learned costs, no measuring. A new output, as the next
+    # night's: committed shards are not generated again.
+    runner.store = OutputStore(str(tmp_path / "out-again"))
+    again = runner.run_many(shards)
     for m in again:
         (d,) = m["decisions"]
         assert d["reason"].startswith(("on: per-token acceptance", "off: ")) and "measur" not in d["reason"]

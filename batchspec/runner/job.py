@@ -82,11 +82,7 @@ def is_committed(manifest: dict | None, shard: Shard, store: OutputStore) -> boo
 
 def shard_is_done(manifest: dict | None, shard: Shard, store: OutputStore) -> bool:
     """Committed, with as many rows as the shard's input has now."""
-    return is_committed(manifest, shard, store) and has_every_row(manifest, shard)
-
-
-def has_every_row(manifest: dict, shard: Shard) -> bool:
-    return manifest.get("rows_out") == shard.rows
+    return is_committed(manifest, shard, store) and shard.has_every_row(manifest)
 
 
 def check_paths(spec: JobSpec, probe: bool = False) -> None:
@@ -127,13 +123,9 @@ def prepare(spec: JobSpec, force: bool = False,
             raise JobRefused(
                 f"input changed for {len(changed)} committed shard(s) ({', '.join(changed[:5])}); their output would be "
                 "stale. Use --force to regenerate them")
-    done = {s.shard for s in committed if has_every_row(manifests[s.shard], s)}
-    todo = [s for s in shards if force and _stale(manifests.get(s.shard), s, spec) or s.shard not in done]
+    done = {s.shard for s in committed if s.has_every_row(manifests[s.shard])}
+    todo = [s for s in shards if force and s.is_stale(manifests.get(s.shard), spec.output_hash()) or s.shard not in done]
     return store, shards, todo, manifests
-
-
-def _stale(manifest: dict | None, shard: Shard, spec: JobSpec) -> bool:
-    return not manifest or manifest.get("input") != shard.fingerprint or manifest.get("spec_hash") != spec.output_hash()
 
 
 # (GCS address, environment) of the local Ray this process started (init_ray): what its workers

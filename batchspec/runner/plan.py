@@ -43,6 +43,14 @@ class Shard:
     def from_json(cls, data: dict) -> "Shard":
         return cls(**data)
 
+    def has_every_row(self, manifest: dict) -> bool:
+        """The manifest holds as many rows as this shard's input has now."""
+        return manifest.get("rows_out") == self.rows
+
+    def is_stale(self, manifest: dict | None, spec_hash: str) -> bool:
+        """The manifest is missing, or was written from other input or another spec."""
+        return not manifest or manifest.get("input") != self.fingerprint or manifest.get("spec_hash") != spec_hash
+
 
 def list_input_files(path: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, list[str], str]:
     """(filesystem, sorted Parquet file paths, root) for a file, a directory/prefix or a glob."""

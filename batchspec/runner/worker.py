@@ -328,7 +328,11 @@ class ShardRunner:
         works = []
         for shard in shards:
             try:
-                work = self._open(shard)
+                done, previous = self._committed_already(shard)
+                if done:
+                    out[shard.shard] = previous
+                    continue
+                work = self._open(shard, previous)
             except Exception as e:
                 out[shard.shard] = self._failed(shard, e)
                 continue
@@ -366,10 +370,25 @@ class ShardRunner:
             manifest["error"] += f" (and its manifest could not be written: {type(write_error).__name__})"
         return manifest
 
-    def _open(self, shard: Shard) -> "ShardWork | dict":
-        """Read, validate and tokenize a shard; a failed manifest when its input cannot be read."""
-        started, t0 = now_iso(), time.perf_counter()
+    def _committed_already(self, shard: Shard) -> tuple[bool, dict]:
+        """(whether the shard is committed for this spec and input, its manifest or {}). It can
+        be, since the driver planned it: a call retried after its actor died past this shard's
+        commit, or a run that planned while the run it forced away still committed. Such a shard
+        is not generated again."""
         previous = self.store.read_json(self.store.manifest_path(shard.shard)) or {}
+        done = (not shard.is_stale(previous, self.spec.output_hash()) and shard.has_every_row(previous)
+                and self.store.committed(shard.shard, previous))
+        if done:
+            log_event(log, "shard already committed, not generated again", job=self.job_id, shard=shard.shard,
+                      by=previous.get("job_id"))
+        return done, previous
+
+    def _open(self, shard: Shard, previous: dict | None = None) -> "ShardWork | dict":
+        """Read, validate and tokenize a shard (previous: its manifest, read here when not given);
+        a failed manifest when its input cannot be read."""
+        started, t0 = now_iso(), time.perf_counter()
+        if previous is None:
+            previous = self.store.read_json(self.store.manifest_path(shard.shard)) or {}
         attempt = int(previous.get("attempts", 0)) + 1
         base = {"shard": shard.shard, "job_id": self.job_id, "input": shard.fingerprint, "path": shard.path,
                 "row_start": shard.row_start, "row_end": shard.row_end, "attempts": attempt, "worker": self.worker,
