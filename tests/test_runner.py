@@ -500,6 +500,45 @@ def test_a_shard_committed_since_the_driver_planned_it_is_not_generated_again(mo
     assert os.stat(part).st_mtime_ns != written
 
 
+def test_on_s3_a_takeover_that_lands_between_a_read_and_a_write_of_the_lease_wins(s3):
+    """Two races that were plain writes: a heartbeat that read its lease just before another run
+    forced it, and two drivers that found the same stale lease at once. On S3 both writes are
+    conditional on the version read (If-Match), so the takeover that landed first is kept."""
+    from batchspec.runner.lease import Lease, LeaseHeld
+
+    opts, fs, bucket = s3
+
+    def store_whose_next_read_lets(other_run):
+        """An OutputStore whose next tagged read of the lease lets `other_run` act right after it."""
+        store = OutputStore(f"{bucket}/out", opts)
+        read, pending = store.read_json_tagged, [other_run]
+
+        def read_then_other(path):
+            got = read(path)
+            if pending:
+                pending.pop()()
+            return got
+
+        store.read_json_tagged = read_then_other
+        return store
+
+    plain = OutputStore(f"{bucket}/out", opts)
+    holder = Lease(store_whose_next_read_lets(lambda: Lease(plain, "forcer", heartbeat_s=3600).acquire(force=True)),
+                   "holder", heartbeat_s=3600)  # no thread beats: the test calls beat()
+    assert holder.store.create_exclusive(holder.path, holder._record(0.0))
+    assert holder.beat(0.0)  # read, then the forced takeover, then its own write: refused
+    assert plain.read_json(holder.path)["job_id"] == "forcer"
+    assert not holder.beat(0.0) and "job forcer" in holder.lost  # and the next beat sees who holds it
+
+    stale = {**holder._record(0.0), "job_id": "dead-run", "heartbeat_at": 0.0}
+    plain.write_json(holder.path, stale)
+    first = Lease(plain, "first-driver", heartbeat_s=3600)
+    second = Lease(store_whose_next_read_lets(first.acquire), "second-driver", heartbeat_s=3600)
+    with pytest.raises(LeaseHeld, match="in use by job first-driver .* took it over from job dead-run a moment before"):
+        second.acquire()
+    assert plain.read_json(holder.path)["job_id"] == "first-driver"
+
+
 def test_lease_of_a_dead_local_process_is_taken_over_at_once(tmp_path):
     import subprocess
     import sys

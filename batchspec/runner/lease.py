@@ -19,10 +19,12 @@ next shard without writing job.json again (LeaseLost), so the two runs do not bo
 output. Its shards already committed stay: a part is a function of its shard.
 
 Defaults: a heartbeat every 10 s, stale after 60 s; BATCHSPEC_LEASE_HEARTBEAT_S and
-BATCHSPEC_LEASE_STALE_S change them (docs/operations.md). Taking over a stale lease is not
-atomic: two drivers that find the same stale lease at the same moment could both take it, and a
-heartbeat reads the lease before it rewrites it, so a takeover within those milliseconds is
-overwritten; keep reruns of one output in one scheduler to rule that out.
+BATCHSPEC_LEASE_STALE_S change them (docs/operations.md). On S3 a takeover and a heartbeat
+replace the lease only if it is still the version they read (a conditional PUT, If-Match on its
+ETag): of two drivers that find the same stale lease at once one wins and the other is refused,
+and a heartbeat never overwrites a takeover that landed after its read. On a local output (and
+stores without conditional writes) both are plain writes, so those two races remain within the
+milliseconds between read and write; keep reruns of one output in one scheduler there.
 """
 
 from __future__ import annotations
@@ -110,7 +112,8 @@ class Lease:
         if self.store.create_exclusive(self.path, self._record(time.time())):
             self._start()
             return None
-        held = self.store.read_json(self.path) or {}
+        read, tag = self.store.read_json_tagged(self.path)
+        held = read or {}
         why = takeover_reason(held, self.timeout_s)
         if why is None and not force:
             age = time.time() - float(held.get("heartbeat_at", 0))
@@ -118,7 +121,10 @@ class Lease:
                 f"output is in use by job {held.get('job_id')} ({held.get('owner')}), last heartbeat {age:.0f}s ago; "
                 f"wait for it, or use --force if that run is dead (a lease goes stale after "
                 f"{stale_after(held, self.timeout_s):.0f}s without a heartbeat)")
-        self.store.write_json(self.path, self._record(time.time()))
+        if not self.store.replace_json_if(self.path, self._record(time.time()), tag):
+            now = self.store.read_json(self.path) or {}
+            raise LeaseHeld(f"output is in use by job {now.get('job_id')} ({now.get('owner')}), which took it over "
+                            f"from job {held.get('job_id')} a moment before this run could")
         self._start()
         why = why or "forced"
         return f"took over the lease of job {held.get('job_id')} ({held.get('owner')}): {why}"
@@ -127,23 +133,28 @@ class Lease:
         acquired = time.time()
 
         def beat():
-            while not self._stop.wait(self.heartbeat_s):
-                try:
-                    held = self.store.read_json(self.path)
-                    if held is None:  # deleted by hand: this run still holds the output
-                        self.store.create_exclusive(self.path, self._record(acquired))
-                    elif held.get("job_id") != self.job_id:
-                        # Another run took it over. Beating on would overwrite its lease, and the
-                        # job stops at its next shard (LeaseLost) rather than write beside it.
-                        self.lost = f"job {held.get('job_id')} ({held.get('owner')}) took over this output's lease"
-                        return
-                    else:
-                        self.store.write_json(self.path, self._record(acquired))
-                except Exception:  # a missed heartbeat is retried at the next beat
-                    pass
+            while not self._stop.wait(self.heartbeat_s) and self.beat(acquired):
+                pass
 
         self._thread = threading.Thread(target=beat, name="batchspec-lease", daemon=True)
         self._thread.start()
+
+    def beat(self, acquired: float) -> bool:
+        """One heartbeat; False once another run holds the lease (self.lost says which)."""
+        try:
+            held, tag = self.store.read_json_tagged(self.path)
+            if held is None:  # deleted by hand: this run still holds the output
+                self.store.create_exclusive(self.path, self._record(acquired))
+            elif held.get("job_id") != self.job_id:
+                # Another run took it over. Beating on would overwrite its lease, and the job
+                # stops at its next shard (LeaseLost) rather than write beside it.
+                self.lost = f"job {held.get('job_id')} ({held.get('owner')}) took over this output's lease"
+                return False
+            else:  # on S3 only if nobody replaced it since the read: the next beat sees who did
+                self.store.replace_json_if(self.path, self._record(acquired), tag)
+        except Exception:  # a missed heartbeat is retried at the next beat
+            pass
+        return True
 
     def release(self) -> None:
         self._stop.set()

@@ -80,6 +80,7 @@ class OutputStore:
         self.fs, self.root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
         self.root = self.root.rstrip("/")
         self.is_local = "file" in _protocols(self.fs)
+        self.is_s3 = bool({"s3", "s3a"} & set(_protocols(self.fs)))
 
     # paths -----------------------------------------------------------------------------------
     def part_name(self, shard: str) -> str:
@@ -216,6 +217,44 @@ class OutputStore:
         except FileNotFoundError:
             return None
 
+    def read_json_tagged(self, path: str) -> tuple[dict | None, str | None]:
+        """The object and a tag of the version read, for replace_json_if: its ETag on S3, from
+        the same GET as its bytes; None elsewhere (replace_json_if then cannot compare)."""
+        if not self.is_s3:
+            return self.read_json(path), None
+        from fsspec.asyn import sync
+
+        async def get(bucket: str, key: str) -> tuple[bytes, str]:
+            response = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
+            try:
+                return await response["Body"].read(), response["ETag"]
+            finally:
+                response["Body"].close()
+
+        bucket, key, _ = self.fs.split_path(path)
+        try:
+            data, etag = sync(self.fs.loop, get, bucket, key)
+        except FileNotFoundError:
+            return None, None
+        return json.loads(data), etag
+
+    def replace_json_if(self, dest: str, obj: Any, tag: str | None) -> bool:
+        """Replace dest only if it is still the version read_json_tagged tagged: a conditional
+        PUT (If-Match) on S3, whose 412 returns False. Without a tag (a local output, or other
+        stores) the write is unconditional, as write_json's."""
+        if tag is None or not self.is_s3:
+            self.write_json(dest, obj)
+            return True
+        data = json.dumps(obj, indent=2, sort_keys=True, default=str).encode()
+        try:
+            self.fs.pipe_file(dest, data, IfMatch=tag)
+            return True
+        except OSError as e:
+            if _precondition_failed(e):
+                self.fs.invalidate_cache(dest)
+                return False
+            raise
+
     def read_job(self) -> dict | None:
         return self.read_json(self.meta_path("job.json"))
 
@@ -264,6 +303,20 @@ class OutputStore:
         # in 10; threaded ParquetFile.read() 6 in 20 in a script that had imported torch.
         with self.fs.open(self._part_of(shard, manifest), "rb") as f:
             return pq.ParquetFile(f).read(use_threads=False)
+
+
+def _precondition_failed(e: BaseException) -> bool:
+    """An S3 conditional write refused (HTTP 412), as s3fs raises it: an OSError over botocore's
+    ClientError with the code PreconditionFailed."""
+    for _ in range(8):  # down the exception's chain
+        if e is None:
+            return False
+        response = getattr(e, "response", None)
+        code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+        if code in ("PreconditionFailed", "412") or "pre-condition" in str(e).lower():
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _protocols(fs) -> tuple:
