@@ -3,9 +3,9 @@
     <output>/_batchspec/lease.json   {"job_id", "owner": "host:pid", "host", "pid", "pid_started",
                                       "acquired_at", "heartbeat_at", "heartbeat_s"}
 
-The first submit creates it (O_EXCL locally, a conditional PUT `If-None-Match: *` on S3), a
-background thread refreshes heartbeat_at every `heartbeat_s` while the job runs, and the job
-deletes it at the end. A later submit that finds it:
+The first submit creates it (a hard link of a fully written file locally, a conditional PUT
+`If-None-Match: *` on S3), a background thread refreshes heartbeat_at every `heartbeat_s` while
+the job runs, and the job deletes it at the end. A later submit that finds it:
 
 - takes it over at once when the holder ran on this host and its process is gone (killed, OOM,
   reboot): the pid is not alive, or now belongs to a process started later;
