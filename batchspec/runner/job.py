@@ -80,11 +80,6 @@ def is_committed(manifest: dict | None, shard: Shard, store: OutputStore) -> boo
     return store.committed(shard.shard, manifest)
 
 
-def shard_is_done(manifest: dict | None, shard: Shard, store: OutputStore) -> bool:
-    """Committed, with as many rows as the shard's input has now."""
-    return is_committed(manifest, shard, store) and shard.has_every_row(manifest)
-
-
 def check_paths(spec: JobSpec, probe: bool = False) -> None:
     """Refuse an output inside the input; with probe, also one that cannot be written (tried)."""
     inp, out = spec.input.path.rstrip("/*"), spec.output.path.rstrip("/")
@@ -515,7 +510,7 @@ def _run(spec, store, shards, todo, job_id, on_shard, t0, backend, ray_s=None, l
     manifests = store.manifests()
     for s in shards:
         m = manifests.get(s.shard)
-        if shard_is_done(m, s, store):
+        if store.shard_done(s, m):
             if s.shard not in result.skipped:
                 result.done.append(s.shard)
             result.rows += m["rows_out"]

@@ -21,13 +21,16 @@ import json
 import os
 import tempfile
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import error_line
+
+if TYPE_CHECKING:
+    from .plan import Shard
 
 SCHEMA_VERSION = 1
 
@@ -164,18 +167,19 @@ class OutputStore:
                 with os.fdopen(fd, "wb") as f:
                     f.write(data)
                 os.chmod(tmp, 0o644)
-                os.link(tmp, dest)
-                return True
-            except FileExistsError:
-                return False
-            except OSError:  # a filesystem without hard links: O_EXCL, briefly visible empty
                 try:
-                    fd = os.open(dest, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                    os.link(tmp, dest)
+                    return True
                 except FileExistsError:
                     return False
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                return True
+                except OSError:  # a filesystem without hard links: O_EXCL, briefly visible empty
+                    try:
+                        fd = os.open(dest, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                    except FileExistsError:
+                        return False
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
+                    return True
             finally:
                 os.unlink(tmp)
         try:
@@ -283,6 +287,10 @@ class OutputStore:
         if manifest.get("part") not in (self.part_name(shard), self._legacy_name(shard)):
             return False
         return self.part_info(shard, manifest) is not None
+
+    def shard_done(self, shard: Shard, manifest: dict | None) -> bool:
+        """Committed, with as many rows as the shard's input has now (what a run need not redo)."""
+        return self.committed(shard.shard, manifest) and shard.has_every_row(manifest)
 
     def _part_of(self, shard: str, manifest: dict | None) -> str:
         """Where the shard's part is: the name its manifest records (an output written before

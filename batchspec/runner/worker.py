@@ -376,8 +376,7 @@ class ShardRunner:
         commit, or a run that planned while the run it forced away still committed. Such a shard
         is not generated again."""
         previous = self.store.read_json(self.store.manifest_path(shard.shard)) or {}
-        done = (not shard.is_stale(previous, self.spec.output_hash()) and shard.has_every_row(previous)
-                and self.store.committed(shard.shard, previous))
+        done = not shard.is_stale(previous, self.spec.output_hash()) and self.store.shard_done(shard, previous)
         if done:
             log_event(log, "shard already committed, not generated again", job=self.job_id, shard=shard.shard,
                       by=previous.get("job_id"))
