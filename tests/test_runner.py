@@ -445,37 +445,52 @@ def test_second_submit_is_refused_while_a_lease_is_held(models_dir, ray_session,
     assert submit(spec, force=True).done == []
 
 
+@pytest.mark.parametrize("then", ["next shard", "ctrl-c"])
 def test_a_run_whose_lease_another_run_takes_over_stops_before_its_next_shard(models_dir, ray_session, tmp_path,
-                                                                              monkeypatch):
+                                                                              monkeypatch, then):
     """`rerun --force` elsewhere while this run was alive after all: it must neither beat the new
-    holder's lease away nor go on writing the output beside it, and what it committed stays."""
+    holder's lease away nor go on writing the output beside it, and what it committed stays. Nor
+    may a Ctrl-C of the displaced run write job.json (it marked the holder's run "interrupted")."""
     import time
 
     from batchspec.runner import lease as lease_mod
+    from batchspec.runner.job import JobInterrupted
     from batchspec.runner.lease import Lease, LeaseLost
 
     monkeypatch.setattr(lease_mod, "HEARTBEAT_S", 0.1)
     write_prompt_shards(local_writer(tmp_path / "in"), 5, 2)
     spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"))
     store = OutputStore(spec.output.path)
-    forcing = []
+    forcing, holders_record = [], []
 
     def on_shard(manifest):
-        if not forcing:  # after the first shard, another driver forces its way in
+        if not forcing:  # after the first shard, another driver forces its way in and records its run
             forcing.append(Lease(store, "the-forcing-run", heartbeat_s=60))
             forcing[0].acquire(force=True)
+            job = store.read_job()
+            job["runs"].append({"job_id": "the-forcing-run", "status": "running"})
+            store.write_job(job)
+            holders_record.append(store.read_job())
             time.sleep(1.0)  # ten of this run's heartbeats
+            if then == "ctrl-c":
+                raise KeyboardInterrupt
 
-    with pytest.raises(LeaseLost, match=r"job the-forcing-run \(.*\) took over .* stopped after 1 shard\(s\)"):
+    expected = (pytest.raises(LeaseLost, match=r"job the-forcing-run \(.*\) took over .* stopped after 1 shard\(s\)")
+                if then == "next shard" else pytest.raises(JobInterrupted))
+    with expected:
         submit(spec, on_shard=on_shard)
     assert store.read_json(store.meta_path("lease.json"))["job_id"] == "the-forcing-run"  # not beaten away, not released
-    assert store.read_job()["runs"][-1]["status"] == "running"  # its record is the new holder's to write now
+    assert store.read_job() == holders_record[0]  # job.json is the new holder's to write now
     assert not store.has_success()
     st = status(spec.output.path)
     assert (st["shards"]["done"], st["shards"]["pending"]) == (1, 4)
     forcing[0].release()
     again = submit(spec)  # the holder's run, in effect: the rest, nothing redone
     assert again.ok and len(again.done) == 4 and len(again.skipped) == 1
+    # The runs that ended without recording an end are not left "running" beside a finished one.
+    runs = store.read_job()["runs"]
+    assert [r["status"] for r in runs] == ["stopped", "stopped", "succeeded"]
+    assert runs[-1]["job_id"] == again.job_id and again.job_id in runs[0]["stopped_note"]
 
 
 def test_a_shard_committed_since_the_driver_planned_it_is_not_generated_again(models_dir, tmp_path):

@@ -329,7 +329,7 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
         raise
     except KeyboardInterrupt:
         terminated = _terminated.is_set()
-        st = _interrupted(spec, store, shards, job_id, backend, "SIGTERM" if terminated else "Ctrl-C")
+        st = _interrupted(spec, store, shards, job_id, backend, "SIGTERM" if terminated else "Ctrl-C", lease)
         raise JobInterrupted(job_id, st, terminated=terminated) from None
     finally:
         lease.release()
@@ -430,12 +430,18 @@ class JobInterrupted(KeyboardInterrupt):
         self.job_id, self.status, self.recorded, self.terminated = job_id, status, recorded, terminated
 
 
-def _interrupted(spec: JobSpec, store: OutputStore, shards: list[Shard], job_id: str, backend, by: str) -> dict:
-    job = store.read_job() or {}
-    runs = job.get("runs") or [{"job_id": job_id}]
+def _interrupted(spec: JobSpec, store: OutputStore, shards: list[Shard], job_id: str, backend, by: str,
+                 lease: Lease | None = None) -> dict:
     st = status(spec.output.path, spec.output.storage_options)
-    runs[-1].update({"status": "interrupted", "interrupted_by": by, "finished_at": now_iso(), "done": st["shards"]["done"],
-                     "pending": st["shards"]["pending"] + st["shards"]["failed"]})
+    if lease is not None and lease.lost:
+        # Another run holds the output now and job.json is its record: an interrupt of this
+        # displaced run marked the holder's own run "interrupted" before.
+        log_event(log, "job interrupted after its lease was lost", logging.WARNING, job=job_id, by=by, why=lease.lost)
+        return st
+    job = store.read_job() or {}
+    runs = job.get("runs") or []
+    _run_entry(runs, job_id).update({"status": "interrupted", "interrupted_by": by, "finished_at": now_iso(),
+                                     "done": st["shards"]["done"], "pending": st["shards"]["pending"] + st["shards"]["failed"]})
     job.update({"status": "interrupted", "runs": runs, "updated_at": now_iso()})
     store.write_job(job)
     log_event(log, "job interrupted", logging.WARNING, job=job_id, by=by, done=st["shards"]["done"],
@@ -554,12 +560,17 @@ def _job_record(spec: JobSpec, job_id: str, shards: list[Shard], previous: dict 
                 result: JobResult | None = None, backend: tuple[str, str] | None = None) -> dict:
     import importlib.metadata as md
 
-    runs = list((previous or {}).get("runs", []))
+    runs = [dict(r) for r in (previous or {}).get("runs", [])]
     if result is None:
+        for run in runs:
+            if run.get("status") == "running":
+                # This run holds the lease, so no other run is writing: one still recorded as
+                # running was killed, or displaced by --force or a stale takeover.
+                run.update({"status": "stopped", "stopped_note": f"no end recorded; run {job_id} took the output over"})
         runs.append({"job_id": job_id, "started_at": now_iso(), "status": status,
                      "backend": backend[0] if backend else None, "backend_reason": backend[1] if backend else None})
     else:
-        runs[-1].update({"status": status, "finished_at": now_iso(), "done": len(result.done),
+        _run_entry(runs, job_id).update({"status": status, "finished_at": now_iso(), "done": len(result.done),
                          "failed": sorted(result.failed), "skipped": len(result.skipped), "wall_s": result.wall_s,
                          "startup": {"ray_s": result.ray_s, "actors": result.actor_starts}})
     versions = {}
@@ -574,6 +585,15 @@ def _job_record(spec: JobSpec, job_id: str, shards: list[Shard], previous: dict 
         "versions": versions, "python": platform.python_version(), "runs": runs,
         "created_at": (previous or {}).get("created_at", now_iso()), "updated_at": now_iso(),
     }
+
+
+def _run_entry(runs: list[dict], job_id: str) -> dict:
+    """This run's record in job.json's runs (appended when it is missing)."""
+    for run in reversed(runs):
+        if run.get("job_id") == job_id:
+            return run
+    runs.append({"job_id": job_id})
+    return runs[-1]
 
 
 def status(output: str, storage_options: dict | None = None) -> dict:
