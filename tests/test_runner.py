@@ -515,17 +515,20 @@ def test_a_shard_committed_since_the_driver_planned_it_is_not_generated_again(mo
     assert os.stat(part).st_mtime_ns != written
 
 
-def test_on_s3_a_takeover_that_lands_between_a_read_and_a_write_of_the_lease_wins(s3):
-    """Two races that were plain writes: a heartbeat that read its lease just before another run
-    forced it, and two drivers that found the same stale lease at once. On S3 both writes are
-    conditional on the version read (If-Match), so the takeover that landed first is kept."""
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_takeover_that_lands_between_a_read_and_a_write_of_the_lease_wins(s3, tmp_path, where):
+    """Three races that were plain writes: a heartbeat that read its lease just before another run
+    forced it, two drivers that found the same stale lease at once, and a run that ended just as
+    another took its lease over. Each write is conditional on the version read (If-Match on S3,
+    compare under the folder's flock locally), so the takeover that landed first is kept."""
     from batchspec.runner.lease import Lease, LeaseHeld
 
     opts, fs, bucket = s3
+    url, opts = (f"{bucket}/out", opts) if where == "s3" else (str(tmp_path / "out"), None)
 
     def store_whose_next_read_lets(other_run):
         """An OutputStore whose next tagged read of the lease lets `other_run` act right after it."""
-        store = OutputStore(f"{bucket}/out", opts)
+        store = OutputStore(url, opts)
         read, pending = store.read_json_tagged, [other_run]
 
         def read_then_other(path):
@@ -537,7 +540,7 @@ def test_on_s3_a_takeover_that_lands_between_a_read_and_a_write_of_the_lease_win
         store.read_json_tagged = read_then_other
         return store
 
-    plain = OutputStore(f"{bucket}/out", opts)
+    plain = OutputStore(url, opts)
     holder = Lease(store_whose_next_read_lets(lambda: Lease(plain, "forcer", heartbeat_s=3600).acquire(force=True)),
                    "holder", heartbeat_s=3600)  # no thread beats: the test calls beat()
     assert holder.store.create_exclusive(holder.path, holder._record(0.0))
@@ -552,6 +555,40 @@ def test_on_s3_a_takeover_that_lands_between_a_read_and_a_write_of_the_lease_win
     with pytest.raises(LeaseHeld, match="in use by job first-driver .* took it over from job dead-run a moment before"):
         second.acquire()
     assert plain.read_json(holder.path)["job_id"] == "first-driver"
+
+    plain.delete(holder.path)
+    ending = Lease(store_whose_next_read_lets(lambda: Lease(plain, "late-forcer", heartbeat_s=3600).acquire(force=True)),
+                   "ending-run", heartbeat_s=3600)
+    assert ending.store.create_exclusive(ending.path, ending._record(0.0))
+    ending.release()  # read its own lease, then the takeover, then its delete: refused
+    assert plain.read_json(holder.path)["job_id"] == "late-forcer"
+
+
+def test_local_conditional_lease_writes_lose_no_update_between_processes(tmp_path):
+    """Processes that each read the lease and replace it conditionally, as fast as they can: with
+    the compare and the rename under one lock, every replace that reports success is kept (a
+    counter in the record ends at the number of successes). Unlocked, two processes passed the
+    same compare and one write was lost."""
+    import subprocess
+    import sys
+
+    store = OutputStore(str(tmp_path / "out"))
+    path = store.meta_path("lease.json")
+    store.write_json(path, {"n": 0})
+    code = (
+        "import sys\n"
+        "from batchspec.runner.store import OutputStore\n"
+        "store = OutputStore(sys.argv[1]); path = store.meta_path('lease.json'); won = 0\n"
+        "for _ in range(400):\n"
+        "    held, tag = store.read_json_tagged(path)\n"
+        "    won += store.replace_json_if(path, {'n': held['n'] + 1}, tag)\n"
+        "print(won)\n")
+    workers = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "out")], stdout=subprocess.PIPE, text=True)
+               for _ in range(3)]
+    won = [int(w.communicate(timeout=120)[0]) for w in workers]
+    assert all(w.returncode == 0 for w in workers)
+    assert sum(won) >= 400  # they really interleaved, and most replaces went through
+    assert store.read_json(path)["n"] == sum(won)
 
 
 def test_lease_of_a_dead_local_process_is_taken_over_at_once(tmp_path):

@@ -19,12 +19,14 @@ next shard without writing job.json again (LeaseLost), so the two runs do not bo
 output. Its shards already committed stay: a part is a function of its shard.
 
 Defaults: a heartbeat every 10 s, stale after 60 s; BATCHSPEC_LEASE_HEARTBEAT_S and
-BATCHSPEC_LEASE_STALE_S change them (docs/operations.md). On S3 a takeover and a heartbeat
-replace the lease only if it is still the version they read (a conditional PUT, If-Match on its
-ETag): of two drivers that find the same stale lease at once one wins and the other is refused,
-and a heartbeat never overwrites a takeover that landed after its read. On a local output (and
-stores without conditional writes) both are plain writes, so those two races remain within the
-milliseconds between read and write; keep reruns of one output in one scheduler there.
+BATCHSPEC_LEASE_STALE_S change them (docs/operations.md). A takeover, a heartbeat and the release
+change the lease only if it is still the version they read: on S3 a conditional PUT or DELETE
+(If-Match on its ETag), locally a compare of the bytes and the write under an flock of the
+_batchspec folder (store.py). So of two drivers that find the same stale lease at once one wins
+and the other is refused, a heartbeat never overwrites a takeover that landed after its read,
+and a run that ends never deletes the lease of one that took over. On stores with neither
+(other fsspec filesystems) they are plain writes, and those races stay open for the
+milliseconds between read and write.
 """
 
 from __future__ import annotations
@@ -109,10 +111,13 @@ class Lease:
 
     def acquire(self, force: bool = False) -> str | None:
         """Take the lease; returns a note when a dead, stale or forced lease was taken over."""
-        if self.store.create_exclusive(self.path, self._record(time.time())):
-            self._start()
-            return None
-        read, tag = self.store.read_json_tagged(self.path)
+        for _ in range(3):  # a lease released between the create and the read: create again
+            if self.store.create_exclusive(self.path, self._record(time.time())):
+                self._start()
+                return None
+            read, tag = self.store.read_json_tagged(self.path)
+            if read is not None:
+                break
         held = read or {}
         why = takeover_reason(held, self.timeout_s)
         if why is None and not force:
@@ -158,6 +163,8 @@ class Lease:
 
     def release(self) -> None:
         self._stop.set()
-        held = self.store.read_json(self.path) or {}
-        if held.get("job_id") == self.job_id:
-            self.store.delete(self.path)
+        if self._thread is not None:  # a beat in flight could otherwise re-create the lease just deleted
+            self._thread.join(timeout=30)
+        held, tag = self.store.read_json_tagged(self.path)
+        if (held or {}).get("job_id") == self.job_id:  # and only that version: not a takeover since
+            self.store.delete_if(self.path, tag)

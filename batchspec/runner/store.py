@@ -17,6 +17,8 @@ top) are still read and counted as committed.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -158,30 +160,8 @@ class OutputStore:
         Returns False when it already exists."""
         data = json.dumps(obj, indent=2, sort_keys=True, default=str).encode()
         if self.is_local:
-            # Written whole under a private name, then linked into place: link() fails if dest
-            # exists, and a reader never sees dest half written.
-            folder = dest.rsplit("/", 1)[0]
-            os.makedirs(folder, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".create-")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.chmod(tmp, 0o644)
-                try:
-                    os.link(tmp, dest)
-                    return True
-                except FileExistsError:
-                    return False
-                except OSError:  # a filesystem without hard links: O_EXCL, briefly visible empty
-                    try:
-                        fd = os.open(dest, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-                    except FileExistsError:
-                        return False
-                    with os.fdopen(fd, "wb") as f:
-                        f.write(data)
-                    return True
-            finally:
-                os.unlink(tmp)
+            with _folder_lock(dest):  # not between another writer's compare and its replace
+                return self._link_new(dest, data)
         try:
             self.fs.pipe_file(dest, data, mode="create")
             return True
@@ -191,11 +171,74 @@ class OutputStore:
                 return False
             raise
 
+    @staticmethod
+    def _link_new(dest: str, data: bytes) -> bool:
+        # Written whole under a private name, then linked into place: link() fails if dest
+        # exists, and a reader never sees dest half written.
+        folder = dest.rsplit("/", 1)[0]
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".create-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, 0o644)
+            try:
+                os.link(tmp, dest)
+                return True
+            except FileExistsError:
+                return False
+            except OSError:  # a filesystem without hard links: O_EXCL, briefly visible empty
+                try:
+                    fd = os.open(dest, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                except FileExistsError:
+                    return False
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                return True
+        finally:
+            os.unlink(tmp)
+
     def delete(self, dest: str) -> None:
         try:
             self.fs.rm(dest)
         except FileNotFoundError:
             pass
+
+    def delete_if(self, dest: str, tag: str | None) -> bool:
+        """Delete dest only if it is still the version read_json_tagged tagged (False when it is
+        not): under the folder's lock locally, a DELETE with If-Match on S3. Without a tag, as
+        delete."""
+        if tag is None:
+            self.delete(dest)
+            return True
+        if self.is_local:
+            with _folder_lock(dest):
+                if _local_tag(dest) != tag:
+                    return False
+                os.unlink(dest)
+                return True
+        if not self.is_s3:
+            self.delete(dest)
+            return True
+        bucket, key, _ = self.fs.split_path(dest)
+        try:
+            self._s3("delete_object", Bucket=bucket, Key=key, IfMatch=tag)
+        except FileNotFoundError:
+            return False
+        except Exception as e:
+            if _precondition_failed(e):
+                return False
+            # A store that refuses conditional deletes (older S3-compatible servers): as delete.
+            self.delete(dest)
+        finally:
+            self.fs.invalidate_cache(dest)
+        return True
+
+    def _s3(self, method: str, **kwargs):
+        """One S3 API call through the store's s3fs client (its endpoint, credentials, retries)."""
+        from fsspec.asyn import sync
+
+        return sync(self.fs.loop, self.fs._call_s3, method, **kwargs)
 
     def write_manifest(self, shard: str, manifest: dict) -> None:
         self.write_json(self.manifest_path(shard), manifest)
@@ -222,8 +265,16 @@ class OutputStore:
             return None
 
     def read_json_tagged(self, path: str) -> tuple[dict | None, str | None]:
-        """The object and a tag of the version read, for replace_json_if: its ETag on S3, from
-        the same GET as its bytes; None elsewhere (replace_json_if then cannot compare)."""
+        """The object and a tag of the version read, for replace_json_if and delete_if: its ETag
+        on S3, from the same GET as its bytes; locally a hash of the bytes read; None on other
+        stores (which then cannot compare)."""
+        if self.is_local:
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                return None, None
+            return json.loads(data), _bytes_tag(data)
         if not self.is_s3:
             return self.read_json(path), None
         from fsspec.asyn import sync
@@ -243,9 +294,16 @@ class OutputStore:
         return json.loads(data), etag
 
     def replace_json_if(self, dest: str, obj: Any, tag: str | None) -> bool:
-        """Replace dest only if it is still the version read_json_tagged tagged: a conditional
-        PUT (If-Match) on S3, whose 412 returns False. Without a tag (a local output, or other
-        stores) the write is unconditional, as write_json's."""
+        """Replace dest only if it is still the version read_json_tagged tagged, else return
+        False: a conditional PUT (If-Match) on S3, whose 412 returns False; locally the compare
+        and the rename under the folder's lock, which every conditional writer of the output's
+        metadata takes. Without a tag (other stores) the write is unconditional, as write_json's."""
+        if self.is_local and tag is not None:
+            with _folder_lock(dest):
+                if _local_tag(dest) != tag:
+                    return False
+                self.write_json(dest, obj)
+                return True
         if tag is None or not self.is_s3:
             self.write_json(dest, obj)
             return True
@@ -311,6 +369,38 @@ class OutputStore:
         # in 10; threaded ParquetFile.read() 6 in 20 in a script that had imported torch.
         with self.fs.open(self._part_of(shard, manifest), "rb") as f:
             return pq.ParquetFile(f).read(use_threads=False)
+
+
+@contextlib.contextmanager
+def _folder_lock(dest: str):
+    """An exclusive flock on dest's folder for a compare-and-write among the processes that share
+    this filesystem (the folder, not dest: dest is replaced by rename, and a lock on the file
+    replaced would guard nothing). Where flock is unsupported the write goes on unlocked."""
+    folder = os.path.dirname(dest) or "."
+    os.makedirs(folder, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except (ImportError, OSError):
+            pass
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _bytes_tag(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _local_tag(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return _bytes_tag(f.read())
+    except FileNotFoundError:
+        return None
 
 
 def _precondition_failed(e: BaseException) -> bool:
