@@ -247,7 +247,21 @@ def _sharpen(model) -> None:
 # Decoder-only architectures the engine is checked against (tests/test_architectures.py, and the
 # full matrix in scripts/arch_matrix.py whose table is in docs/engine.md).
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi", "phi3", "gpt2",
-                 "gpt_neox", "opt", "falcon", "stablelm", "gpt_bigcode", "granite", "olmo2", "cohere", "smollm3")
+                 "gpt_neox", "opt", "falcon", "stablelm", "gpt_bigcode", "granite", "olmo2", "cohere", "smollm3",
+                 "glm4", "exaone4",
+                 # mixtures of experts; deepseek_v3 also has multi-head latent attention, llama4_text
+                 # chunked attention, gpt_oss alternating sliding layers and attention sinks
+                 "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v3", "gpt_oss", "llama4_text")
+
+# Small mixture-of-experts and latent-attention sizes, for the configs that have these keys (their
+# defaults are a real model's: deepseek_v3's 256 experts of 2048, a KV rank of 512).
+_MOE_SIZES = {"num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "n_shared_experts": 1,
+              "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1}
+_LATENT_ATTENTION = {"kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+                     "v_head_dim": 16, "head_dim": 8, "num_key_value_heads": 4}  # as many K/V heads as heads, as in DeepSeek's
+_LATENT_ATTENTION_DEEPSEEK = {**_LATENT_ATTENTION, "kv_lora_rank": 512, "q_lora_rank": 256, "qk_rope_head_dim": 64,
+                              "qk_nope_head_dim": 128, "v_head_dim": 128, "head_dim": 64}
 
 
 def arch_config(arch: str, tokenizer, window: int | None = None, width: int = 64):
@@ -268,8 +282,23 @@ def arch_config(arch: str, tokenizer, window: int | None = None, width: int = 64
         kwargs["num_key_value_heads"] = 1  # gpt_bigcode: one K/V head; vLLM reads this key, transformers multi_query
     if arch == "smollm3":
         kwargs["no_rope_layers"] = [1, 0]  # its default lists 36 layers
-    if window is not None:
+    kwargs.update({k: v for k, v in _MOE_SIZES.items() if getattr(base, k, None) is not None})
+    if getattr(base, "kv_lora_rank", None):  # multi-head latent attention (deepseek): head_dim is the rope part
+        # vLLM's MLA kernels take DeepSeek's own latent sizes only (a latent of 512 + 64): at its width, those
+        kwargs.update(_LATENT_ATTENTION if width < 256 else _LATENT_ATTENTION_DEEPSEEK)
+    if arch == "llama4_text":  # its window is a chunk: layer 0 attends within chunks, layer 1 fully
+        # top-1 routing, as Llama 4's own (vLLM implements its router weighting for top-1 only)
+        kwargs.update(no_rope_layers=[1, 0], layer_types=["chunked_attention", "full_attention"], num_experts_per_tok=1)
+        if window is not None:
+            kwargs["attention_chunk_size"] = window
+    elif window is not None:
         kwargs["sliding_window"] = window
+    if arch == "gpt_oss":
+        kwargs["layer_types"] = ["sliding_attention", "full_attention"]
+    if arch == "deepseek_v3":  # as DeepSeek-V3's config.json says: vLLM reads them, transformers implies them
+        kwargs.update(topk_method="noaux_tc", scoring_func="sigmoid")
+    if arch == "glm4_moe":
+        kwargs["head_dim"] = width // 4  # GLM-4.5's own configs carry it, and vLLM reads it
     return AutoConfig.for_model(arch, **kwargs)
 
 

@@ -13,7 +13,8 @@ CPU build cannot start a second engine in one process) exactly as a job's actor 
 at k = 3, and compares both with transformers run one row at a time in fp32:
 
     exact (N drafted)     plain and speculative rows equal the reference; N draft tokens proposed
-    MISMATCH ...          which of plain / speculative differ, and on how many rows
+    MISMATCH ...          which of plain / speculative differ, and on how many rows; and how many
+                          speculative rows differ from vLLM's own plain ones
     refused: ...          the one line a job's shards would fail with (batchspec's ModelLoadError)
 """
 
@@ -89,7 +90,10 @@ def cell(target: Path, kind: str, draft: Path | None, ids: list[list[int]], refs
         return f"error rows: {res['errors'][0][:200]}"
     wrong = {name: sum(a != b for a, b in zip(res[name], refs)) for name in ("plain", "spec")}
     if any(wrong.values()):
-        return "MISMATCH " + ", ".join(f"{name} {n}/{len(refs)}" for name, n in wrong.items() if n)
+        # Is it the engine's own plain decoding that differs, or does speculation change its output?
+        apart = sum(a != b for a, b in zip(res["spec"], res["plain"]))
+        return ("MISMATCH " + ", ".join(f"{name} {n}/{len(refs)}" for name, n in wrong.items() if n)
+                + f"; speculative vs plain {apart}/{len(refs)} differ")
     return f"exact ({res['drafted']} drafted)"
 
 
