@@ -725,3 +725,34 @@ def test_a_local_ray_gives_its_workers_the_actors_environment_so_actors_need_no_
     assert res["born_with"] == {"runtime_env": False, "nice": 0, "var": "1"} and res["driver_env_kept"]
     assert res["any_worker_nice"] == 0  # every worker of that Ray, not only the actors: Ray's default is 15
     assert res["more"]["runtime_env"] and res["more"]["var"] == "1"
+
+
+def test_validate_tells_a_vllm_job_on_cpu_that_latent_attention_was_not_exact(tmp_path, monkeypatch):
+    """vLLM's CPU build gave DeepSeek-V3 output that differed from transformers and, speculating,
+    from its own plain output (docs/engine.md): a vllm job on CPU actors hears it before it runs,
+    from both driver checks (the quick JSON one and the transformers one); a GPU job and the hf
+    backend do not."""
+    from batchspec.runner import validate
+    from batchspec.runner.validate import local_model_problems, resolve_models
+    from batchspec.spec import spec_from_dict
+    from batchspec.testing import build_arch_model, build_tokenizer
+
+    tok = build_tokenizer(tmp_path / "tok")
+    targets = {"deepseek_v3": build_arch_model(tmp_path / "ds", "deepseek_v3", tok),
+               "llama": build_arch_model(tmp_path / "llama", "llama", tok)}
+
+    def notes(arch, check, gpus=0, backend="vllm"):
+        spec = spec_from_dict({"name": "t", "input": {"path": str(tmp_path / "in")}, "output": {"path": str(tmp_path / "o")},
+                               "model": {"target": str(targets[arch]), "draft": {"kind": "ngram"}},
+                               "resources": {"gpus_per_actor": gpus}})
+        found = []
+        with monkeypatch.context() as m:
+            if check == "full":  # as for a hub id: the quick check hands over to transformers
+                m.setattr(validate, "local_model_problems", lambda spec, notes=None: None)
+            assert (local_model_problems(spec, found) if check == "quick" else resolve_models(spec, backend, found)) == []
+        return [n for n in found if "latent attention" in n]
+
+    for check in ("quick", "full"):
+        assert len(notes("deepseek_v3", check)) == 1, check
+        assert notes("llama", check) == [] and notes("deepseek_v3", check, gpus=1) == []
+    assert notes("deepseek_v3", "full", backend="hf") == []

@@ -175,7 +175,7 @@ def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None =
     """Load configs and tokenizers (no weights) of the target and a model draft; list problems
     (and, into `notes`, what the user should know: a sliding window limits speculation)."""
     if backend == "vllm":
-        quick = local_model_problems(spec)
+        quick = local_model_problems(spec, notes)
         if quick is not None:
             return quick
     from transformers import AutoConfig, AutoTokenizer
@@ -192,6 +192,8 @@ def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None =
                 learned_draft_problem(source, m.draft.kind)
                 continue
             config = AutoConfig.from_pretrained(source, trust_remote_code=m.trust_remote_code)
+            if role == "target" and backend == "vllm":
+                _note_vllm_target(config.to_dict(), spec, notes)
             if role == "target" and backend == "hf":
                 problem = serving_problem(config)
                 if problem:
@@ -216,7 +218,18 @@ def _unresolved(role: str, source: str, e: Exception) -> str:
     return f"{role} model {source!r} cannot be resolved: {error_line(e)}"
 
 
-def local_model_problems(spec: JobSpec) -> list[str] | None:
+def _note_vllm_target(config: dict, spec: JobSpec, notes: list[str] | None) -> None:
+    """What a vllm job should know about its target before it runs: on CPU actors, latent
+    attention (DeepSeek's MLA) was not exact in the architecture matrix (docs/engine.md)."""
+    text = config.get("text_config") or config
+    note = ("target uses latent attention (DeepSeek MLA), whose greedy output on vLLM's CPU build differed from "
+            "transformers' and, with speculation, from its own plain output (docs/engine.md); model.backend: hf is "
+            "exact for it")
+    if notes is not None and text.get("kv_lora_rank") and spec.resources.gpus_per_actor == 0 and note not in notes:
+        notes.append(note)  # once, though the quick check may hand over to the full one after reading it
+
+
+def local_model_problems(spec: JobSpec, notes: list[str] | None = None) -> list[str] | None:
     """resolve_models for the vllm backend without importing transformers (and with it torch: ~3.5 s
     of the driver's start-up on two cores, where nothing else on the vllm driver needs them). It
     covers local checkpoint directories whose tokenizers are tokenizer.json files, and s3:// prefixes;
@@ -235,6 +248,8 @@ def local_model_problems(spec: JobSpec) -> list[str] | None:
             if not folder.is_dir() or needs_tokenizer and not tokenizer_file.is_file():
                 return None
             config = json.loads((folder / "config.json").read_text())
+            if role == "target":
+                _note_vllm_target(config, spec, notes)
             if role == "draft" and m.draft.kind != "model":
                 problem = config_problem(m.draft.kind, config)
                 if problem:
