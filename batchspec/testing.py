@@ -258,8 +258,9 @@ ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma
 _MOE_SIZES = {"num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
               "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "n_shared_experts": 1,
               "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1}
+# Latent attention has as many K/V heads as heads (DeepSeek's configs say so; transformers breaks otherwise).
 _LATENT_ATTENTION = {"kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
-                     "v_head_dim": 16, "head_dim": 8, "num_key_value_heads": 4}  # as many K/V heads as heads, as in DeepSeek's
+                     "v_head_dim": 16, "head_dim": 8, "num_key_value_heads": 4}
 _LATENT_ATTENTION_DEEPSEEK = {**_LATENT_ATTENTION, "kv_lora_rank": 512, "q_lora_rank": 256, "qk_rope_head_dim": 64,
                               "qk_nope_head_dim": 128, "v_head_dim": 128, "head_dim": 64}
 
@@ -284,7 +285,7 @@ def arch_config(arch: str, tokenizer, window: int | None = None, width: int = 64
         kwargs["no_rope_layers"] = [1, 0]  # its default lists 36 layers
     kwargs.update({k: v for k, v in _MOE_SIZES.items() if getattr(base, k, None) is not None})
     if getattr(base, "kv_lora_rank", None):  # multi-head latent attention (deepseek): head_dim is the rope part
-        # vLLM's MLA kernels take DeepSeek's own latent sizes only (a latent of 512 + 64): at its width, those
+        # vLLM's MLA kernels refuse small latents, so the vLLM matrix's width (256) gets DeepSeek's own sizes
         kwargs.update(_LATENT_ATTENTION if width < 256 else _LATENT_ATTENTION_DEEPSEEK)
     if arch == "llama4_text":  # its window is a chunk: layer 0 attends within chunks, layer 1 fully
         # top-1 routing, as Llama 4's own (vLLM implements its router weighting for top-1 only)

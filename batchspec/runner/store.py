@@ -269,12 +269,8 @@ class OutputStore:
         on S3, from the same GET as its bytes; locally a hash of the bytes read; None on other
         stores (which then cannot compare)."""
         if self.is_local:
-            try:
-                with open(path, "rb") as f:
-                    data = f.read()
-            except FileNotFoundError:
-                return None, None
-            return json.loads(data), _bytes_tag(data)
+            data = _local_bytes(path)
+            return (None, None) if data is None else (json.loads(data), _bytes_tag(data))
         if not self.is_s3:
             return self.read_json(path), None
         from fsspec.asyn import sync
@@ -391,16 +387,22 @@ def _folder_lock(dest: str):
         os.close(fd)  # releases the lock
 
 
+def _local_bytes(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
 def _bytes_tag(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def _local_tag(path: str) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return _bytes_tag(f.read())
-    except FileNotFoundError:
-        return None
+    """The tag read_json_tagged gives the file as it is now; None when it is gone."""
+    data = _local_bytes(path)
+    return None if data is None else _bytes_tag(data)
 
 
 def _precondition_failed(e: BaseException) -> bool:
