@@ -170,7 +170,9 @@ def submit(
     address: Optional[str] = typer.Option(None, help="Ray cluster address, host:port or ray://host:port (default: RAY_ADDRESS, else a local Ray "
                                       "started for this run). Refused at once when nothing answers there; a cluster "
                                       "with token authentication needs RAY_AUTH_MODE=token and its token."),
-    force: bool = typer.Option(False, help="Proceed even if the output holds a different spec or stale shards."),
+    force: bool = typer.Option(False, help="Proceed even if the output holds a different spec or stale shards, "
+                                           "and take over the lease of a run that holds the output (one that is "
+                                           "alive after all stops before its next shard)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display; warnings and errors only."),
     log_format: str = typer.Option("text", help="text, or json (every stderr line one JSON object, for pipelines)."),
     worker_logs: bool = typer.Option(False, help="Also print the actors' own log lines (they are in Ray's session "
@@ -211,7 +213,8 @@ def rerun(
     job: str = typer.Argument(..., help="The job spec the output was written with."),
     set_: List[str] = typer.Option([], "--set", help=SET_HELP),
     address: Optional[str] = typer.Option(None, help="Ray cluster address, as for submit."),
-    force: bool = typer.Option(False, help="Allow a changed spec or changed inputs (stale shards are regenerated)."),
+    force: bool = typer.Option(False, help="Allow a changed spec or changed inputs (stale shards are regenerated), "
+                                           "and take over another run's lease, as for submit."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display; warnings and errors only."),
     log_format: str = typer.Option("text", help="text or json (every stderr line one JSON object)."),
     worker_logs: bool = typer.Option(False, help="Also print the actors' own log lines."),
@@ -268,7 +271,9 @@ def validate(
     Example: batchspec validate jobs/summarize_legal.yaml
 
     Also notes ids that occur in more than one shard (it reads every shard's id column): a run
-    generates each of them once per shard.
+    generates each of them once per shard; a target whose sliding window limits speculation (hf);
+    and a target with latent attention (DeepSeek) on the vllm backend on CPU, where its output was
+    not exact (docs/engine.md).
     """
     from .runner.validate import validate_job
 
