@@ -761,3 +761,41 @@ def test_validate_tells_a_vllm_job_on_cpu_that_latent_attention_was_not_exact(tm
         assert len(notes("deepseek_v3", check)) == 1, check
         assert notes("llama", check) == [] and notes("deepseek_v3", check, gpus=1) == []
     assert notes("deepseek_v3", "full", backend="hf") == []
+
+
+def test_auto_keeps_a_latent_attention_target_off_vllm_on_cpu(tmp_path, monkeypatch, s3):
+    """Auto picks the hf engine for a DeepSeek-style target on CPU actors, where vLLM's CPU build
+    was not exact (the note above), reading config.json from a local directory, an s3:// prefix or
+    the hub's cache; on GPU actors, for other targets, or when the spec says vllm, vLLM serves."""
+    import shutil
+
+    import huggingface_hub.constants as hub
+
+    from batchspec.engine import backend as backend_mod
+    from batchspec.engine.backend import backend_for
+    from batchspec.spec import spec_from_dict
+    from batchspec.testing import build_arch_model, build_tokenizer
+
+    monkeypatch.setattr(backend_mod, "vllm_installed", lambda: True)
+    tok = build_tokenizer(tmp_path / "tok")
+    ds = build_arch_model(tmp_path / "ds", "deepseek_v3", tok)
+    llama = build_arch_model(tmp_path / "llama", "llama", tok)
+    opts, fs, bucket = s3
+    fs.put(str(ds / "config.json"), f"{bucket}/ds/config.json")
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    snapshot = tmp_path / "hub" / "models--acme--tiny-ds" / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    shutil.copy(ds / "config.json", snapshot / "config.json")
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0123abc")
+
+    def pick(target, backend="auto", gpus=0, opts=None):
+        return backend_for(spec_from_dict({
+            "name": "t", "input": {"path": "in"}, "output": {"path": "o"}, "resources": {"gpus_per_actor": gpus},
+            "model": {"target": str(target), "backend": backend, "draft": {"kind": "ngram"}, "storage_options": opts or {}}}))
+
+    for target, o in ((ds, None), (f"{bucket}/ds", opts), ("acme/tiny-ds", None)):
+        name, why = pick(target, opts=o)
+        assert name == "hf" and "latent attention" in why, (target, why)
+    assert pick(llama)[0] == "vllm" and pick("acme/not-cached")[0] == "vllm"  # unreadable config: not latent
+    assert pick(ds, gpus=1)[0] == "vllm" and pick(ds, backend="vllm") == ("vllm", "model.backend is vllm")

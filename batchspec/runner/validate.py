@@ -220,12 +220,13 @@ def _unresolved(role: str, source: str, e: Exception) -> str:
 
 def _note_vllm_target(config: dict, spec: JobSpec, notes: list[str] | None) -> None:
     """What a vllm job should know about its target before it runs: on CPU actors, latent
-    attention (DeepSeek's MLA) was not exact in the architecture matrix (docs/engine.md)."""
-    text = config.get("text_config") or config
-    note = ("target uses latent attention (DeepSeek MLA), whose greedy output on vLLM's CPU build differed from "
-            "transformers' and, with speculation, from its own plain output (docs/engine.md); model.backend: hf is "
-            "exact for it")
-    if notes is not None and text.get("kv_lora_rank") and spec.resources.gpus_per_actor == 0 and note not in notes:
+    attention (DeepSeek's MLA) was not exact in the architecture matrix (docs/engine.md). Auto
+    picks hf there (engine/backend.py); this is for model.backend: vllm."""
+    from ..engine.backend import LATENT_ON_CPU
+    from ..engine.sources import latent_attention
+
+    note = f"target uses latent attention: {LATENT_ON_CPU}; model.backend: hf is exact for it"
+    if notes is not None and latent_attention(config) and spec.resources.gpus_per_actor == 0 and note not in notes:
         notes.append(note)  # once, though the quick check may hand over to the full one after reading it
 
 
