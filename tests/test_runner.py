@@ -799,3 +799,19 @@ def test_auto_keeps_a_latent_attention_target_off_vllm_on_cpu(tmp_path, monkeypa
         assert name == "hf" and "latent attention" in why, (target, why)
     assert pick(llama)[0] == "vllm" and pick("acme/not-cached")[0] == "vllm"  # unreadable config: not latent
     assert pick(ds, gpus=1)[0] == "vllm" and pick(ds, backend="vllm") == ("vllm", "model.backend is vllm")
+
+
+def test_submit_logs_what_validate_notes_about_the_models(models_dir, ray_session, tmp_path, caplog):
+    """The driver's model check is validate's: what it notes (here a sliding window shorter than
+    the rows, which runs them without speculation) is a warning in the submit's log too, once."""
+    import logging
+
+    from batchspec.testing import build_arch_model, build_tokenizer
+
+    tok = build_tokenizer(tmp_path / "tok")
+    target = build_arch_model(tmp_path / "mistral", "mistral", tok, window=16)
+    write_prompt_shards(local_writer(tmp_path / "in"), 1, 3)
+    spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"), model__target=str(target))
+    with caplog.at_level(logging.WARNING, logger="batchspec.job"):
+        assert submit(spec).ok
+    assert sum("16-token window" in r.message for r in caplog.records) == 1, [r.message for r in caplog.records]

@@ -311,6 +311,8 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
             problems = check.result()  # on the driver, not in every actor
             if problems:
                 raise JobRefused("; ".join(problems))
+            for note in check.notes:  # a sliding window that limits speculation; vLLM on CPU not exact
+                log_event(log, note, logging.WARNING, job=job_id)
     except KeyboardInterrupt:  # nothing recorded yet (maybe not even job.json), so nothing to mark
         counts = {"total": len(shards), "done": len(shards) - len(todo), "pending": len(todo), "failed": 0}
         raise JobInterrupted(job_id, {"shards": counts}, recorded=False) from None
@@ -346,6 +348,7 @@ class _ModelCheck(threading.Thread):
     def __init__(self, spec: JobSpec, backend: str):
         super().__init__(name="batchspec-model-check", daemon=True)
         self.spec, self.backend = spec, backend
+        self.notes: list[str] = []  # what validate would note about the models; the driver logs them
         self._problems: list[str] | None = None
         self._error: BaseException | None = None
         self.start()
@@ -354,7 +357,7 @@ class _ModelCheck(threading.Thread):
         from .validate import resolve_models
 
         try:
-            self._problems = resolve_models(self.spec, self.backend)
+            self._problems = resolve_models(self.spec, self.backend, self.notes)
         except BaseException as e:  # handed to the caller of result()
             self._error = e
 
