@@ -126,10 +126,18 @@ class Lease:
                 f"output is in use by job {held.get('job_id')} ({held.get('owner')}), last heartbeat {age:.0f}s ago; "
                 f"wait for it, or use --force if that run is dead (a lease goes stale after "
                 f"{stale_after(held, self.timeout_s):.0f}s without a heartbeat)")
-        if not self.store.replace_json_if(self.path, self._record(time.time()), tag):
-            now = self.store.read_json(self.path) or {}
+        for _ in range(5):
+            if self.store.replace_json_if(self.path, self._record(time.time()), tag):
+                break
+            now, tag = self.store.read_json_tagged(self.path)
+            now = now or {}
+            if force and now.get("job_id") == held.get("job_id"):
+                continue  # the holder's heartbeat landed between the read and the write: force again
             raise LeaseHeld(f"output is in use by job {now.get('job_id')} ({now.get('owner')}), which took it over "
                             f"from job {held.get('job_id')} a moment before this run could")
+        else:
+            raise LeaseHeld(f"output is in use by job {held.get('job_id')} ({held.get('owner')}), whose heartbeats "
+                            f"kept landing before this run's takeover; try again")
         self._start()
         why = why or "forced"
         return f"took over the lease of job {held.get('job_id')} ({held.get('owner')}): {why}"
