@@ -772,7 +772,7 @@ def test_auto_keeps_a_latent_attention_target_off_vllm_on_cpu(tmp_path, monkeypa
     import huggingface_hub.constants as hub
 
     from batchspec.engine import backend as backend_mod
-    from batchspec.engine.backend import backend_for
+    from batchspec.runner.job import pick_backend
     from batchspec.spec import spec_from_dict
     from batchspec.testing import build_arch_model, build_tokenizer
 
@@ -790,7 +790,7 @@ def test_auto_keeps_a_latent_attention_target_off_vllm_on_cpu(tmp_path, monkeypa
     (snapshot.parents[1] / "refs" / "main").write_text("0123abc")
 
     def pick(target, backend="auto", gpus=0, opts=None):
-        return backend_for(spec_from_dict({
+        return pick_backend(spec_from_dict({
             "name": "t", "input": {"path": "in"}, "output": {"path": "o"}, "resources": {"gpus_per_actor": gpus},
             "model": {"target": str(target), "backend": backend, "draft": {"kind": "ngram"}, "storage_options": opts or {}}}))
 

@@ -89,18 +89,12 @@ def choose_backend(requested: str, draft_kind: str, gpu: bool = False,
     return "vllm", "auto: vLLM is installed and serves this draft kind"
 
 
-def backend_for(spec) -> tuple[str, str]:
+def backend_for(spec, latent: bool = False) -> tuple[str, str]:
     """choose_backend for a JobSpec: its model.backend and draft kind, on GPU actors when it asks
-    for GPUs. The driver (submit, validate) decides through this, once; the actors are told.
-    Auto on CPU with vLLM installed reads the target's config.json (no transformers) to see
-    whether it uses latent attention; a config it cannot read counts as not."""
-    gpu = spec.resources.gpus_per_actor > 0
-    latent = False
-    if spec.model.backend == "auto" and not gpu and vllm_installed():
-        from .sources import latent_attention, read_config
-
-        latent = latent_attention(read_config(spec.model.target, spec.model.storage_options))
-    return choose_backend(spec.model.backend, spec.model.draft.kind, gpu=gpu, latent=latent)
+    for GPUs. The driver decides through runner.job.pick_backend, once, which also reads whether
+    the target uses latent attention; the actors are told."""
+    return choose_backend(spec.model.backend, spec.model.draft.kind, gpu=spec.resources.gpus_per_actor > 0,
+                          latent=latent)
 
 
 def load_backend(name: str, spec_model, k_default: int = 4, sampled: bool = False,

@@ -27,38 +27,6 @@ def local_source_problem(source: str) -> str | None:
     return f"model directory {source} does not exist" if looks_local else None
 
 
-def read_config(source: str, storage_options: dict | None = None) -> dict | None:
-    """A checkpoint's config.json as a dict, without transformers: from a local directory, an s3://
-    prefix (through fsspec, with the spec's storage options), or a hub id (through huggingface_hub,
-    which uses its cache and honours HF_HUB_OFFLINE). None when it cannot be read: whoever asks
-    decides without it, and the model check that follows words the problem."""
-    import json
-
-    try:
-        if source.startswith("s3://"):
-            import fsspec
-
-            fs, root = fsspec.core.url_to_fs(source, **(storage_options or {}))
-            with fs.open(f"{root.rstrip('/')}/config.json", "rb") as f:
-                return json.loads(f.read())
-        folder = Path(source).expanduser()
-        if folder.is_dir():
-            return json.loads((folder / "config.json").read_text())
-        if local_source_problem(source):
-            return None
-        from huggingface_hub import hf_hub_download
-
-        return json.loads(Path(hf_hub_download(source, "config.json")).read_text())
-    except Exception:
-        return None
-
-
-def latent_attention(config: dict | None) -> bool:
-    """Whether a config.json (or its text_config) describes multi-head latent attention (DeepSeek's MLA)."""
-    config = config or {}
-    return bool((config.get("text_config") or config).get("kv_lora_rank"))
-
-
 def vocab_problem(target_vocab: dict, draft_vocab: dict, draft_source: str) -> str | None:
     """Speculation compares token ids, so a draft must map every string to the target's ids."""
     if target_vocab == draft_vocab:

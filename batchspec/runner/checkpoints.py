@@ -74,3 +74,37 @@ def fetch_prefix(uri: str, storage_options: dict | None = None) -> Path:
         os.replace(staging, dest)  # atomic on one filesystem: readers see all or nothing
     log.info("fetched model %s into cache %s", uri, dest)
     return dest
+
+
+def read_config(source: str, storage_options: dict | None = None) -> dict | None:
+    """A checkpoint's config.json as a dict, without transformers: from a local directory, an s3://
+    prefix (through fsspec, with the spec's storage options), or a hub id (through huggingface_hub,
+    which uses its cache and honours HF_HUB_OFFLINE). None when it cannot be read: whoever asks
+    decides without it, and the model check that follows words the problem."""
+    import json
+
+    try:
+        if source.startswith("s3://"):
+            import fsspec
+
+            fs, root = fsspec.core.url_to_fs(source, **(storage_options or {}))
+            with fs.open(f"{root.rstrip('/')}/config.json", "rb") as f:
+                return json.loads(f.read())
+        folder = Path(source).expanduser()
+        if folder.is_dir():
+            return json.loads((folder / "config.json").read_text())
+        from ..engine.sources import local_source_problem
+
+        if local_source_problem(source):
+            return None
+        from huggingface_hub import hf_hub_download
+
+        return json.loads(Path(hf_hub_download(source, "config.json")).read_text())
+    except Exception:
+        return None
+
+
+def latent_attention(config: dict | None) -> bool:
+    """Whether a config.json (or its text_config) describes multi-head latent attention (DeepSeek's MLA)."""
+    config = config or {}
+    return bool((config.get("text_config") or config).get("kv_lora_rank"))

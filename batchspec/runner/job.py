@@ -453,11 +453,18 @@ def _interrupted(spec: JobSpec, store: OutputStore, shards: list[Shard], job_id:
 
 
 def pick_backend(spec: JobSpec) -> tuple[str, str]:
-    """(backend, reason), decided once on the driver so every actor runs the same engine."""
-    from ..engine.backend import backend_for
+    """(backend, reason), decided once on the driver so every actor runs the same engine. Auto on
+    CPU with vLLM installed reads the target's config.json (no transformers) to see whether it
+    uses latent attention; a config it cannot read counts as not."""
+    from ..engine import backend as engines
 
+    latent = False
+    if spec.model.backend == "auto" and spec.resources.gpus_per_actor == 0 and engines.vllm_installed():
+        from .checkpoints import latent_attention, read_config
+
+        latent = latent_attention(read_config(spec.model.target, spec.model.storage_options))
     try:
-        return backend_for(spec)
+        return engines.backend_for(spec, latent)
     except ValueError as e:
         raise JobRefused(str(e)) from None
 

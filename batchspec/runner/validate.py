@@ -223,7 +223,7 @@ def _note_vllm_target(config: dict, spec: JobSpec, notes: list[str] | None) -> N
     attention (DeepSeek's MLA) was not exact in the architecture matrix (docs/engine.md). Auto
     picks hf there (engine/backend.py); this is for model.backend: vllm."""
     from ..engine.backend import LATENT_ON_CPU
-    from ..engine.sources import latent_attention
+    from .checkpoints import latent_attention
 
     note = f"target uses latent attention: {LATENT_ON_CPU}; model.backend: hf is exact for it"
     if notes is not None and latent_attention(config) and spec.resources.gpus_per_actor == 0 and note not in notes:
