@@ -270,8 +270,9 @@ def validate(
 
     Example: batchspec validate jobs/summarize_legal.yaml
 
-    Also notes ids that occur in more than one shard (it reads every shard's id column): a run
-    generates each of them once per shard; a target whose sliding window limits speculation (hf);
+    Also notes ids that will not be unique in the output (it reads every shard's id column): ids
+    repeated within a shard or null, whose rows a run makes error rows, and ids in more than one
+    shard, which a run generates once per shard; a target whose sliding window limits speculation (hf);
     and a target with latent attention (DeepSeek) on the vllm backend on CPU, where its output was
     not exact (docs/engine.md).
     """

@@ -127,6 +127,19 @@ def test_validate_names_ids_repeated_across_shards(models_dir, tmp_path):
     write("b.parquet", pa.table({"prompt": ["three", "four"], "doc_id": ["z", "x"]}))
     res = CliRunner().invoke(app, ["validate", str(_job(tmp_path, models_dir))])
     assert res.exit_code == 0 and "note: id 'x' is in shards a, b: ids repeated across shards" in res.output, res.output
+    assert "repeated within" not in res.output and "null id" not in res.output, res.output
+
+
+def test_validate_names_ids_repeated_within_a_shard_and_null_ids(models_dir, tmp_path):
+    """The worker makes a repeated id's later rows and null-id rows error rows; validate says so first."""
+    write = local_writer(tmp_path / "in")
+    write("a.parquet", pa.table({"prompt": ["one", "two", "three", "four"], "doc_id": ["x", "y", "x", "x"]}))
+    write("b.parquet", pa.table({"prompt": ["five", "six"], "doc_id": pa.array([None, "z"], pa.string())}))
+    res = CliRunner().invoke(app, ["validate", str(_job(tmp_path, models_dir))])
+    assert res.exit_code == 0, res.output
+    assert "note: id 'x' is repeated within shard a: 2 row(s) there will be error rows" in res.output, res.output
+    assert "note: shard b has 1 row(s) with a null id in 'doc_id': they will be error rows" in res.output, res.output
+    assert "repeated across shards" not in res.output, res.output
 
 
 def test_validate_catches_unknown_key_and_unreachable_input(models_dir, tmp_path):

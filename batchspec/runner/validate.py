@@ -82,9 +82,7 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
     if len(distinct) > 1:
         v.notes.append(f"input files have {len(distinct)} different schemas; only the job's columns are read")
     if spec.input.id_column and not v.problems:
-        note = _ids_across_shards(v.shards, spec)
-        if note:
-            v.notes.append(note)
+        v.notes.extend(_repeated_ids(v.shards, spec))
     backend = None
     try:
         backend, why = pick_backend(spec)
@@ -104,29 +102,50 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
     return v
 
 
-def _ids_across_shards(shards: list[Shard], spec: JobSpec) -> str | None:
-    """A note naming ids that occur in more than one shard (only the id column is read). Within a
-    shard the worker makes a repeated id an error row; across shards both rows are generated, and
-    a join of the output back to its input by id then doubles rows."""
+def _repeated_ids(shards: list[Shard], spec: JobSpec) -> list[str]:
+    """Notes on ids that will not be unique in the output (only the id column is read): repeated
+    within a shard, where the worker makes every later occurrence an error row ("duplicate id"), or
+    null, where it makes the row an error row; and ids in more than one shard, where both rows are
+    generated and a join of the output back to its input by id then doubles rows."""
+    from collections import Counter
+
     from .worker import ShardReadError, read_shard
 
     first_shard: dict[str, str] = {}
     repeated: dict[str, list[str]] = {}
+    within: dict[str, tuple[str, int]] = {}  # shard -> (an id repeated in it, rows that will be errors)
+    nulls: dict[str, int] = {}
     for s in shards:
         try:
             ids = read_shard(s, spec, [spec.input.id_column]).column(0).to_pylist()
         except ShardReadError:  # that shard fails on its own when it runs
             continue
-        for value in set(ids) - {None}:
-            key = str(value)
+        counts = Counter(str(x) for x in ids if x is not None)
+        extra = {key: n - 1 for key, n in counts.items() if n > 1}
+        if extra:
+            within[s.shard] = (next(iter(extra)), sum(extra.values()))
+        if None in ids:
+            nulls[s.shard] = ids.count(None)
+        for key in counts:
             if first_shard.setdefault(key, s.shard) != s.shard:
                 repeated.setdefault(key, [first_shard[key]]).append(s.shard)
-    if not repeated:
-        return None
-    key, where = next(iter(repeated.items()))
-    more = f" (and {len(repeated) - 1} more ids)" if len(repeated) > 1 else ""
-    return (f"id '{key}' is in shards {', '.join(where)}{more}: ids repeated across shards are generated "
-            f"once per shard; use unique ids to join the output back to its input")
+    notes = []
+    if within:
+        shard, (key, rows) = next(iter(within.items()))
+        more = f" (and {len(within) - 1} more shards)" if len(within) > 1 else ""
+        notes.append(f"id '{key}' is repeated within shard {shard}{more}: {rows} row(s) there will be error rows "
+                     f"('duplicate id'); only an id's first row is generated")
+    if nulls:
+        shard, rows = next(iter(nulls.items()))
+        more = f" (and {len(nulls) - 1} more shards)" if len(nulls) > 1 else ""
+        notes.append(f"shard {shard}{more} has {rows} row(s) with a null id in '{spec.input.id_column}': "
+                     f"they will be error rows")
+    if repeated:
+        key, where = next(iter(repeated.items()))
+        more = f" (and {len(repeated) - 1} more ids)" if len(repeated) > 1 else ""
+        notes.append(f"id '{key}' is in shards {', '.join(where)}{more}: ids repeated across shards are generated "
+                     f"once per shard; use unique ids to join the output back to its input")
+    return notes
 
 
 def learned_draft_problem(path: str, kind: str) -> None:
