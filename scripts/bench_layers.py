@@ -9,6 +9,9 @@ repeated prompts vLLM's prefix cache hides their prefill). Interleaved, nothing 
 
     bare vLLM spec / plain   scripts/bench_vllm.py's bare script: LLM(...), a warm-up of 2 of
                              the job's prompts, one LLM.generate over every prompt
+    backend call             batchspec's vllm backend (its engine, its warm-up) and one call
+                             over every prompt as a first run makes it: a step rule that times
+                             plain and k steps and keeps the faster (policy.StepArms), no runner
     runner, no Ray           batchspec's ShardRunner (the actor's code: reading, profiling, the
                              policy's measuring call, per-row stats, commits) in a plain process
     runner in a Ray actor    the same in an actor of a local Ray, started as batchspec starts it
@@ -57,7 +60,21 @@ else:
 print("RESULT" + json.dumps(res))
 """
 
-CONFIGS = ("bare vLLM spec", "bare vLLM plain", "runner, no Ray", "runner in a Ray actor", "batchspec submit")
+BACKEND = r"""
+import json, sys, time
+from batchspec.engine.backend import load_backend
+from batchspec.policy import StepArms
+from batchspec.spec import load_spec
+spec = load_spec(sys.argv[1])
+ids, gen, k = json.loads(open(sys.argv[2]).read()), spec.generation, spec.speculation.num_speculative_tokens
+backend = load_backend("vllm", spec.model, k_default=k)
+t = time.perf_counter()
+backend.generate(ids, gen.max_new_tokens, stop=tuple(gen.stop), draft_length=StepArms((k, 0)))
+print("RESULT" + json.dumps({"generate_s": time.perf_counter() - t}))
+"""
+
+CONFIGS = ("bare vLLM spec", "bare vLLM plain", "backend call", "runner, no Ray", "runner in a Ray actor",
+           "batchspec submit")
 
 
 def one(config: str, job: Path, spec, prompt_ids, tmp: Path) -> float:
@@ -65,6 +82,10 @@ def one(config: str, job: Path, spec, prompt_ids, tmp: Path) -> float:
     shutil.rmtree(out, ignore_errors=True)
     if config.startswith("bare"):
         return bare(spec, prompt_ids, speculative=config.endswith("spec"))["generate_s"]
+    if config == "backend call":
+        ids = tmp / "prompt_ids.json"
+        ids.write_text(json.dumps(prompt_ids))
+        return child_result(BACKEND, str(job), str(ids), what=config)["generate_s"]
     if config.startswith("runner"):
         where = "actor" if "actor" in config else "plain"
         return child_result(RUNNER, str(job), str(out), where, what=config)["generate_s"]
