@@ -14,7 +14,8 @@ use the one definition in rates.py:
     usd_per_million_tokens = cost_usd / completion_tokens * 1e6
     saving (target steps) = accepted - draft_tokens * c - spec_rounds * (v(k) - 1)   per speculative row,
                             with c and v(k) the actor's measured costs (manifest "costs"), converted to
-                            seconds with the measured step time and the row's batch size.
+                            seconds with the measured step time and the row's batch size; over the rows
+                            whose shard kept costs (saving_rows), None when no speculating row's did.
 """
 
 from __future__ import annotations
@@ -51,8 +52,12 @@ def load(output: str, storage_options: dict | None = None) -> tuple[dict, dict[s
     return job, done, rows, other
 
 
-def _saving_s(rows: pl.DataFrame, manifests: dict[str, dict]) -> float:
-    total = 0.0
+def _saving_s(rows: pl.DataFrame, manifests: dict[str, dict]) -> tuple[float | None, int]:
+    """(estimated seconds saved, speculating rows it covers). Only rows whose shard manifest has the
+    actor's measured costs can be estimated: on vllm a call whose rows finished while it measured
+    keeps none (docs/policy.md). None when no speculating row could be: the saving is unknown then,
+    not zero (a 600-row vllm shard at acceptance 0.88 read "estimated saving 0.0s vs plain")."""
+    total, counted = 0.0, 0
     for shard, m in manifests.items():
         if not m.get("costs"):
             continue
@@ -62,7 +67,8 @@ def _saving_s(rows: pl.DataFrame, manifests: dict[str, dict]) -> float:
             k = r["num_speculative_tokens"] or 1
             steps = r["accepted_tokens"] - r["draft_tokens"] * costs.c - r["spec_rounds"] * (costs.v(k) - 1)
             total += steps * costs.target_step_s / r["batch_size"]  # a step serves batch_size rows at once
-    return total
+            counted += 1
+    return (total if counted else None), counted
 
 
 def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd: float | None = None) -> dict[str, Any]:
@@ -115,12 +121,30 @@ def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd:
         "acceptance_rate": acceptance_rate(accepted, drafted),
         "acceptance_rate_quantiles": _quantiles(per_row_acc, (0.1, 0.5, 0.9)),
         "mean_acceptance_length": mean_acceptance_length(accepted, rounds),
-        "estimated_saving_s": _saving_s(rows, manifests) if spec.height else 0.0,
+        **_saving_fields(rows, manifests, spec.height),
         "ttft_s": _quantiles(ok["ttft_s"]) if ok.height else {}, "latency_s": _quantiles(ok["latency_s"]) if ok.height else {},
         "shards": shards,
         "_acceptance_values": per_row_acc.to_list(), "_latency_values": ok["latency_s"].to_list() if ok.height else [],
         "_spec_tokens_per_s": _rate(spec), "_plain_tokens_per_s": _rate(ok.filter(~pl.col("spec_enabled")) if ok.height else ok),
     }
+
+
+def _saving_fields(rows: pl.DataFrame, manifests: dict[str, dict], spec_rows: int) -> dict:
+    """estimated_saving_s (0.0 when nothing speculated, None when unknown) and saving_rows, the
+    speculating rows it is estimated over (fewer than spec_rows where some shards kept no costs)."""
+    if not spec_rows:
+        return {"estimated_saving_s": 0.0, "saving_rows": 0}
+    seconds, counted = _saving_s(rows, manifests)
+    return {"estimated_saving_s": seconds, "saving_rows": counted}
+
+
+def _saving_text(r: dict) -> str:
+    """The saving as a sentence tells it: unknown, or over how many of the speculating rows."""
+    if r["estimated_saving_s"] is None:
+        return "estimated saving unknown (no step costs were kept for the speculating shards)"
+    part = (f" (over {r['saving_rows']} of {r['spec_rows']} speculating rows; the others' shards kept no step costs)"
+            if r["saving_rows"] < r["spec_rows"] else "")
+    return f"estimated saving {r['estimated_saving_s']:.1f}s vs plain{part}"
 
 
 def _rate(frame: pl.DataFrame) -> float | None:
@@ -156,7 +180,7 @@ def to_text(r: dict) -> str:
         f"speculation: on for {r['spec_rows']} rows / {r['spec_shards']} shards, off for {r['plain_rows']} rows / "
         f"{r['plain_shards']} shards; acceptance {_fmt(r['acceptance_rate'], '.3f')} (p10 {_fmt(q['p10'])}, p50 "
         f"{_fmt(q['p50'])}, p90 {_fmt(q['p90'])}), mean acceptance length {_fmt(r['mean_acceptance_length'])}, "
-        f"estimated saving {r['estimated_saving_s']:.1f}s vs plain",
+        + _saving_text(r),
         f"ttft p50/p95/p99 {'/'.join(_fmt(r['ttft_s'].get(k), '.3f') for k in ('p50', 'p95', 'p99'))}s  "
         f"latency {'/'.join(_fmt(r['latency_s'].get(k), '.3f') for k in ('p50', 'p95', 'p99'))}s",
         "",
@@ -233,16 +257,22 @@ def _card(label: str, value: str, note: str) -> str:
 
 def _headline(r: dict) -> str:
     saving, actor_s = r["estimated_saving_s"], r["actor_seconds"]
-    share = f"{saving / (actor_s + saving) * 100:.0f}% of the plain-decoding time" if actor_s + saving > 0 and saving else ""
+    share = (f"{saving / (actor_s + saving) * 100:.0f}% of the plain-decoding time"
+             if saving and actor_s + saving > 0 else "")
+    if saving is None:
+        saving_note = "unknown: no step costs were kept for the speculating shards, so there is nothing to estimate from"
+    else:
+        saving_note = ((f"{share}; " if share else "") + "estimated vs plain decoding of the same rows, from each "
+                       "actor's measured draft and verify costs and the rows' accepted and proposed tokens")
+        if r["saving_rows"] < r["spec_rows"]:
+            saving_note += f"; over {r['saving_rows']} of {r['spec_rows']} speculating rows (the others' shards kept no costs)"
     q = r["acceptance_rate_quantiles"]
     return "<div class='cards'>" + "".join([
         _card("Cost", f"${r['cost_usd']:.4f}", f"{actor_s / 3600:.4f} actor-hours at ${r['gpu_hour_usd']}/actor-hour"
               + _startup_note(r, "; ")),
         _card("Per million tokens", f"${_fmt(r['usd_per_million_tokens'], '.2f')}",
               f"{r['completion_tokens']} completion tokens, {r['rows']} rows"),
-        _card("Saving from speculation", f"{saving:.1f} s",
-              (f"{share}; " if share else "") + "estimated vs plain decoding of the same rows, from each actor's "
-              "measured draft and verify costs and the rows' accepted and proposed tokens"),
+        _card("Saving from speculation", "unknown" if saving is None else f"{saving:.1f} s", saving_note),
         _card("Acceptance", _fmt(r["acceptance_rate"], ".3f"),
               f"accepted / proposed draft tokens over {r['spec_rows']} speculating rows; per row p10 {_fmt(q['p10'])}, "
               f"p50 {_fmt(q['p50'])}, p90 {_fmt(q['p90'])}; {_fmt(r['mean_acceptance_length'])} tokens per target pass"),

@@ -48,7 +48,7 @@ EXPECTED = {
     "spec_shards": 1, "plain_shards": 1, "acceptance_rate": 0.9, "mean_acceptance_length": 3.25,
     # per speculative row: accepted - draft*c - rounds*(v-1) target steps, c=0.2, v(4)=1.5:
     # (6 - 1.6 - 2) + (12 - 2.4 - 2) = 10 steps * 0.1 s / batch 2 = 0.5 s
-    "estimated_saving_s": 0.5,
+    "estimated_saving_s": 0.5, "saving_rows": 2,
 }
 
 
@@ -118,6 +118,33 @@ def test_formats(tmp_path):
     assert csv_text[-1].startswith("TOTAL,5,1,100")
     table = CliRunner().invoke(app, ["report", out]).stdout
     assert "acceptance 0.900" in table and "$300.00 per million tokens" in table
+
+
+def test_a_saving_without_measured_costs_is_unknown_not_zero(tmp_path):
+    """On vllm a call whose rows finished while it measured keeps no step costs: its speculating
+    rows cannot be estimated, and the report must not read as "speculation saved nothing"."""
+    store = OutputStore(str(tmp_path / "out"))
+    write_fixture(store)
+    d = [row("d", 0, 10, 8, 6, 4, spec=True, k=4), row("d", 1, 10, 8, 8, 2, spec=True, k=4)]
+    part = store.write_part("d", pa.Table.from_pylist(d, schema=OUTPUT_SCHEMA))
+    store.write_manifest("d", {"shard": "d", "status": "done", "part": part["part"], "rows_out": 2,
+                               "timings": {"total_s": 5.0}, "costs": None, "attempts": 1, "decisions": []})
+    r = build_report(str(tmp_path / "out"))
+    assert r["estimated_saving_s"] == pytest.approx(0.5) and (r["saving_rows"], r["spec_rows"]) == (2, 4)
+    assert "estimated saving 0.5s vs plain (over 2 of 4 speculating rows" in to_text(r)
+
+    only_d = OutputStore(str(tmp_path / "only-d"))
+    part = only_d.write_part("d", pa.Table.from_pylist(d, schema=OUTPUT_SCHEMA))
+    only_d.write_manifest("d", {"shard": "d", "status": "done", "part": part["part"], "rows_out": 2,
+                                "timings": {"total_s": 5.0}, "costs": None, "attempts": 1, "decisions": []})
+    only_d.write_job({"name": "d", "spec": {"cost": {"gpu_hour_usd": 3.6}}, "runs": [{"wall_s": 6.0}], "shards": ["d"]})
+    r = build_report(str(tmp_path / "only-d"))
+    assert r["estimated_saving_s"] is None and r["spec_rows"] == 2
+    assert "estimated saving unknown" in to_text(r) and "0.0s" not in to_text(r)
+    page = CliRunner().invoke(app, ["report", str(tmp_path / "only-d"), "--format", "html"]).stdout
+    assert ">unknown</div>" in page and "Saving from speculation" in page
+    assert json.loads(CliRunner().invoke(app, ["report", str(tmp_path / "only-d"), "--format", "json"]).stdout)[
+        "estimated_saving_s"] is None
 
 
 def test_html_is_self_contained(tmp_path):
