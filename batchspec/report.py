@@ -260,7 +260,8 @@ def _headline(r: dict) -> str:
     share = (f"{saving / (actor_s + saving) * 100:.0f}% of the plain-decoding time"
              if saving and actor_s + saving > 0 else "")
     if saving is None:
-        saving_note = "unknown: no step costs were kept for the speculating shards, so there is nothing to estimate from"
+        saving_note = ("no step costs were kept for the speculating shards (on vllm, a call whose rows finished "
+                       "while it measured keeps none), so there is nothing to estimate it from")
     else:
         saving_note = ((f"{share}; " if share else "") + "estimated vs plain decoding of the same rows, from each "
                        "actor's measured draft and verify costs and the rows' accepted and proposed tokens")
