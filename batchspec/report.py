@@ -52,11 +52,14 @@ def load(output: str, storage_options: dict | None = None) -> tuple[dict, dict[s
     return job, done, rows, other
 
 
-def _saving_s(rows: pl.DataFrame, manifests: dict[str, dict]) -> tuple[float | None, int]:
-    """(estimated seconds saved, speculating rows it covers). Only rows whose shard manifest has the
-    actor's measured costs can be estimated: on vllm a call whose rows finished while it measured
-    keeps none (docs/policy.md). None when no speculating row could be: the saving is unknown then,
-    not zero (a 600-row vllm shard at acceptance 0.88 read "estimated saving 0.0s vs plain")."""
+def _saving(rows: pl.DataFrame, manifests: dict[str, dict], spec_rows: int) -> dict:
+    """estimated_saving_s and saving_rows, the speculating rows it is estimated over. Only rows whose
+    shard manifest has the actor's measured costs can be estimated: on vllm a call whose rows
+    finished while it measured keeps none (docs/policy.md). 0.0 when nothing speculated; None when
+    rows speculated but none could be estimated: the saving is unknown then, not zero (a 600-row
+    vllm shard at acceptance 0.88 read "estimated saving 0.0s vs plain")."""
+    if not spec_rows:
+        return {"estimated_saving_s": 0.0, "saving_rows": 0}
     total, counted = 0.0, 0
     for shard, m in manifests.items():
         if not m.get("costs"):
@@ -68,7 +71,7 @@ def _saving_s(rows: pl.DataFrame, manifests: dict[str, dict]) -> tuple[float | N
             steps = r["accepted_tokens"] - r["draft_tokens"] * costs.c - r["spec_rounds"] * (costs.v(k) - 1)
             total += steps * costs.target_step_s / r["batch_size"]  # a step serves batch_size rows at once
             counted += 1
-    return (total if counted else None), counted
+    return {"estimated_saving_s": total if counted else None, "saving_rows": counted}
 
 
 def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd: float | None = None) -> dict[str, Any]:
@@ -121,7 +124,7 @@ def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd:
         "acceptance_rate": acceptance_rate(accepted, drafted),
         "acceptance_rate_quantiles": _quantiles(per_row_acc, (0.1, 0.5, 0.9)),
         "mean_acceptance_length": mean_acceptance_length(accepted, rounds),
-        **_saving_fields(rows, manifests, spec.height),
+        **_saving(rows, manifests, spec.height),
         "ttft_s": _quantiles(ok["ttft_s"]) if ok.height else {}, "latency_s": _quantiles(ok["latency_s"]) if ok.height else {},
         "shards": shards,
         "_acceptance_values": per_row_acc.to_list(), "_latency_values": ok["latency_s"].to_list() if ok.height else [],
@@ -129,22 +132,21 @@ def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd:
     }
 
 
-def _saving_fields(rows: pl.DataFrame, manifests: dict[str, dict], spec_rows: int) -> dict:
-    """estimated_saving_s (0.0 when nothing speculated, None when unknown) and saving_rows, the
-    speculating rows it is estimated over (fewer than spec_rows where some shards kept no costs)."""
-    if not spec_rows:
-        return {"estimated_saving_s": 0.0, "saving_rows": 0}
-    seconds, counted = _saving_s(rows, manifests)
-    return {"estimated_saving_s": seconds, "saving_rows": counted}
+NO_SAVING_COSTS = "no step costs were kept for the speculating shards"
+
+
+def _saving_coverage(r: dict) -> str:
+    """'' when the saving covers every speculating row, else over how many it does."""
+    if r["saving_rows"] >= r["spec_rows"]:
+        return ""
+    return f"over {r['saving_rows']} of {r['spec_rows']} speculating rows; the others' shards kept no step costs"
 
 
 def _saving_text(r: dict) -> str:
-    """The saving as a sentence tells it: unknown, or over how many of the speculating rows."""
     if r["estimated_saving_s"] is None:
-        return "estimated saving unknown (no step costs were kept for the speculating shards)"
-    part = (f" (over {r['saving_rows']} of {r['spec_rows']} speculating rows; the others' shards kept no step costs)"
-            if r["saving_rows"] < r["spec_rows"] else "")
-    return f"estimated saving {r['estimated_saving_s']:.1f}s vs plain{part}"
+        return f"estimated saving unknown ({NO_SAVING_COSTS})"
+    coverage = _saving_coverage(r)
+    return f"estimated saving {r['estimated_saving_s']:.1f}s vs plain" + (f" ({coverage})" if coverage else "")
 
 
 def _rate(frame: pl.DataFrame) -> float | None:
@@ -260,13 +262,12 @@ def _headline(r: dict) -> str:
     share = (f"{saving / (actor_s + saving) * 100:.0f}% of the plain-decoding time"
              if saving and actor_s + saving > 0 else "")
     if saving is None:
-        saving_note = ("no step costs were kept for the speculating shards (on vllm, a call whose rows finished "
-                       "while it measured keeps none), so there is nothing to estimate it from")
+        saving_note = (f"{NO_SAVING_COSTS} (on vllm, a call whose rows finished while it measured keeps none), "
+                       "so there is nothing to estimate it from")
     else:
-        saving_note = ((f"{share}; " if share else "") + "estimated vs plain decoding of the same rows, from each "
-                       "actor's measured draft and verify costs and the rows' accepted and proposed tokens")
-        if r["saving_rows"] < r["spec_rows"]:
-            saving_note += f"; over {r['saving_rows']} of {r['spec_rows']} speculating rows (the others' shards kept no costs)"
+        saving_note = "; ".join(x for x in (share, "estimated vs plain decoding of the same rows, from each actor's "
+                                            "measured draft and verify costs and the rows' accepted and proposed "
+                                            "tokens", _saving_coverage(r)) if x)
     q = r["acceptance_rate_quantiles"]
     return "<div class='cards'>" + "".join([
         _card("Cost", f"${r['cost_usd']:.4f}", f"{actor_s / 3600:.4f} actor-hours at ${r['gpu_hour_usd']}/actor-hour"

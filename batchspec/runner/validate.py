@@ -132,20 +132,22 @@ def _repeated_ids(shards: list[Shard], spec: JobSpec) -> list[str]:
     notes = []
     if within:
         shard, (key, rows) = next(iter(within.items()))
-        more = f" (and {len(within) - 1} more shards)" if len(within) > 1 else ""
-        notes.append(f"id '{key}' is repeated within shard {shard}{more}: {rows} row(s) there will be error rows "
-                     f"('duplicate id'); only an id's first row is generated")
+        notes.append(f"id '{key}' is repeated within shard {shard}{_more(within, 'shards')}: {rows} row(s) there "
+                     f"will be error rows ('duplicate id'); only an id's first row is generated")
     if nulls:
         shard, rows = next(iter(nulls.items()))
-        more = f" (and {len(nulls) - 1} more shards)" if len(nulls) > 1 else ""
-        notes.append(f"shard {shard}{more} has {rows} row(s) with a null id in '{spec.input.id_column}': "
-                     f"they will be error rows")
+        notes.append(f"shard {shard}{_more(nulls, 'shards')} has {rows} row(s) with a null id in "
+                     f"'{spec.input.id_column}': they will be error rows")
     if repeated:
         key, where = next(iter(repeated.items()))
-        more = f" (and {len(repeated) - 1} more ids)" if len(repeated) > 1 else ""
-        notes.append(f"id '{key}' is in shards {', '.join(where)}{more}: ids repeated across shards are generated "
-                     f"once per shard; use unique ids to join the output back to its input")
+        notes.append(f"id '{key}' is in shards {', '.join(where)}{_more(repeated, 'ids')}: ids repeated across "
+                     f"shards are generated once per shard; use unique ids to join the output back to its input")
     return notes
+
+
+def _more(found: dict, what: str) -> str:
+    """' (and N more shards)' after the one a note names, when it found more."""
+    return f" (and {len(found) - 1} more {what})" if len(found) > 1 else ""
 
 
 def learned_draft_problem(path: str, kind: str) -> None:
