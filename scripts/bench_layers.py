@@ -14,10 +14,12 @@ repeated prompts vLLM's prefix cache hides their prefill). Interleaved, nothing 
                              plain and k steps and keeps the faster (policy.StepArms), no runner
     runner, no Ray           batchspec's ShardRunner (the actor's code: reading, profiling, the
                              policy's measuring call, per-row stats, commits) in a plain process
-    runner in a Ray actor    the same in an actor of a local Ray, started as batchspec starts it
+    runner in a Ray worker   the same as one task in a worker process of a local Ray, started as
+                             batchspec starts its Ray (init_ray, the actors' environment)
     batchspec submit         the whole job, as bench_vllm.py runs it
 
-All four report the generation seconds (bare: the call; batchspec: the shards' generate_s).
+Every configuration reports its generation seconds (bare and backend: the call; the runner and
+batchspec: the shards' generate_s).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def run(job, out):
     manifests = runner.run_many(plan_shards(spec.input.path))
     return {"generate_s": sum(m["timings"]["generate_s"] for m in manifests)}
 
-if where == "actor":
+if where == "ray":
     import ray
     from batchspec.runner.job import actor_env_vars, init_ray
     init_ray(num_cpus=2, worker_env=actor_env_vars("vllm", 2))
@@ -73,21 +75,20 @@ backend.generate(ids, gen.max_new_tokens, stop=tuple(gen.stop), draft_length=Ste
 print("RESULT" + json.dumps({"generate_s": time.perf_counter() - t}))
 """
 
-CONFIGS = ("bare vLLM spec", "bare vLLM plain", "backend call", "runner, no Ray", "runner in a Ray actor",
+CONFIGS = ("bare vLLM spec", "bare vLLM plain", "backend call", "runner, no Ray", "runner in a Ray worker",
            "batchspec submit")
 
 
-def one(config: str, job: Path, spec, prompt_ids, tmp: Path) -> float:
+def one(config: str, job: Path, spec, prompt_ids, ids_file: Path, tmp: Path) -> float:
+    """One fresh process of `config`; ids_file: prompt_ids as JSON (too long for argv on a long job)."""
     out = tmp / "out"
     shutil.rmtree(out, ignore_errors=True)
     if config.startswith("bare"):
         return bare(spec, prompt_ids, speculative=config.endswith("spec"))["generate_s"]
     if config == "backend call":
-        ids = tmp / "prompt_ids.json"
-        ids.write_text(json.dumps(prompt_ids))
-        return child_result(BACKEND, str(job), str(ids), what=config)["generate_s"]
+        return child_result(BACKEND, str(job), str(ids_file), what=config)["generate_s"]
     if config.startswith("runner"):
-        where = "actor" if "actor" in config else "plain"
+        where = "ray" if "Ray worker" in config else "plain"
         return child_result(RUNNER, str(job), str(out), where, what=config)["generate_s"]
     memory = tmp / "memory"
     shutil.rmtree(memory, ignore_errors=True)
@@ -107,10 +108,12 @@ def main() -> None:
     for name, job in write_jobs(tmp, args.jobs.split(","), 64, 0.0, 96).items():
         spec = load_spec(job)
         _, prompt_ids = job_prompts(spec)
+        ids_file = tmp / f"{name}-prompt-ids.json"
+        ids_file.write_text(json.dumps(prompt_ids))
         times: dict[str, list[float]] = {c: [] for c in CONFIGS}
         for rep in range(args.repeats):
             for config in CONFIGS:
-                times[config].append(one(config, job, spec, prompt_ids, tmp))
+                times[config].append(one(config, job, spec, prompt_ids, ids_file, tmp))
                 print(f"{name} rep {rep}: {config:<22} generate {times[config][-1]:.3f} s", flush=True)
         best = min(statistics.median(times["bare vLLM spec"]), statistics.median(times["bare vLLM plain"]))
         print(f"\n{name}: medians of {args.repeats} processes, against the better bare configuration")
