@@ -335,7 +335,9 @@ def report(
     storage_option: List[str] = typer.Option([], "--storage-option", help="fsspec option, e.g. endpoint_url=http://..."),
 ) -> None:
     """Cost, acceptance and latency of a run, from committed shards only. The cost is the shards'
-    actor time; the engines' loads are priced on their own line ("start-up $... more").
+    actor time; the engines' loads are priced on their own line ("start-up $... more"). The saving
+    from speculation is estimated from the step costs each shard's actor measured: "unknown" where
+    no speculating shard kept them, and "over N of M rows" where only some did (docs/reports.md).
 
     Example: batchspec report out/summarize_legal --format html --out report.html
 
