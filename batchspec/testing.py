@@ -386,8 +386,15 @@ def build_learned_draft(out_dir: str | Path, target_dir: str | Path, kind: str, 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from .engine.learned import (Eagle3Model, EagleModel, MedusaHeads, default_feature_layers, save_eagle,
-                                 save_eagle3, save_medusa)
+    from .engine.learned import (
+        Eagle3Model,
+        EagleModel,
+        MedusaHeads,
+        default_feature_layers,
+        save_eagle,
+        save_eagle3,
+        save_medusa,
+    )
 
     out_dir = Path(out_dir)
     if (out_dir / "config.json").exists():

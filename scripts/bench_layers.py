@@ -32,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_vllm import batchspec, bare, child_result, job_prompts, write_jobs
+from bench_vllm import bare, batchspec, child_result, job_prompts, write_jobs
 
 RUNNER = r"""
 import json, os, sys, time

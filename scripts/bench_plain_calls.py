@@ -73,7 +73,7 @@ def main() -> None:
     from bench_vllm import write_jobs
 
     with tempfile.TemporaryDirectory() as tmp:
-        for name, job in write_jobs(Path(tmp), args.jobs.split(",")).items():
+        for _name, job in write_jobs(Path(tmp), args.jobs.split(",")).items():
             run(job, args.rows_per_call, args.repeats)
 
 

@@ -39,9 +39,9 @@ def test_sliding_windows_stay_exact(arch_root, arch, window):
 def test_window_cap_keeps_holes_inside_the_window(tmp_path):
     """Rows that all fit a tight window: the per-round cap on k (generate._window_slack) is what
     keeps them exact (without it, layer_skip drifted on 1 of 5 rows with this window)."""
-    from batchspec.testing import build_arch_model, build_tokenizer, lossless_cell
-
     from arch_matrix import matrix_prompts
+
+    from batchspec.testing import build_arch_model, build_tokenizer, lossless_cell
 
     tok = build_tokenizer(tmp_path / "tok")
     target = build_arch_model(tmp_path / "mistral", "mistral", tok, window=38)

@@ -14,7 +14,7 @@ FAMILIES = ("llama", "gpt2")
 MAX_NEW = 24
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _engine(target: str, kind: str = "none", path: str | None = None, layers: int | None = None) -> Engine:
     return Engine.load(target, DraftSpec(kind=kind, path=path, layers=layers))
 

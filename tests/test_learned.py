@@ -269,7 +269,7 @@ def test_validate_accepts_learned_drafts_and_names_a_wrong_one():
     """Medusa's config.json has no model_type, so AutoConfig is not the check for learned drafts."""
     from pathlib import Path
 
-    from batchspec.runner.validate import resolve_models
+    from batchspec.runner.preflight import resolve_models
     from batchspec.spec import load_spec
 
     repo = Path(__file__).resolve().parents[1]

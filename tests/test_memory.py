@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -121,7 +122,7 @@ def test_costs_age_from_the_run_that_measured_them(models_dir, tmp_path, memory_
     """A run that measured nothing (decided off from memory) keeps the costs' stamp; costs older
     than MAX_AGE_DAYS are dropped, so a job that stays off measures again once a week."""
     import logging
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from batchspec.policy import Acceptance, Costs
     from batchspec.runner.memory import MAX_AGE_DAYS
@@ -142,7 +143,7 @@ def test_costs_age_from_the_run_that_measured_them(models_dir, tmp_path, memory_
     later.save(loaded, Acceptance(), [], "night-3")  # measured: restamped
     assert json.loads(mem.costs_path.read_text())["job_id"] == "night-3"
 
-    old = (datetime.now(timezone.utc) - timedelta(days=MAX_AGE_DAYS + 1)).isoformat(timespec="seconds")
+    old = (datetime.now(UTC) - timedelta(days=MAX_AGE_DAYS + 1)).isoformat(timespec="seconds")
     mem.costs_path.write_text(json.dumps({**json.loads(mem.costs_path.read_text()), "measured_at": old}))
     with caplog.at_level(logging.INFO, logger="batchspec.worker"):
         costs_again, _, new_tokens, _ = PolicyMemory.for_spec(_spec(models_dir, tmp_path, "a"), "hf").load()

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from batchspec.policy import (Acceptance, Costs, LengthProfile, Policy, StepArms, acceptance_for, decode_speedup,
-                              expected_tokens)
+from batchspec.policy import (
+    Acceptance,
+    Costs,
+    LengthProfile,
+    Policy,
+    StepArms,
+    acceptance_for,
+    decode_speedup,
+    expected_tokens,
+)
 
 
 def costs(batch=1, step=0.030, draft=0.008, verify=None, prefill=0.0004, draft_prefill=0.0001):
@@ -180,7 +188,7 @@ def test_step_arms_take_the_fastest_steps_tokens_with_its_time():
     # An n-gram step that proposes little is fast and short of tokens: its time must not be paired
     # with the tokens of a step that proposed a lot (that made k=4 look 2x faster than it is).
     rule = StepArms((4, 0), measure_steps=2)
-    for k, seconds, tokens in [(4, 0.03, 8), (4, 0.012, 8), (4, 0.030, 40),  # proposes nothing, then 4 per row
+    for _k, seconds, tokens in [(4, 0.03, 8), (4, 0.012, 8), (4, 0.030, 40),  # proposes nothing, then 4 per row
                                (0, 0.011, 8), (0, 0.011, 8), (0, 0.011, 8)]:
         rule.observe_step(rule.next_k(), seconds, tokens, 8, prefill=False)
     assert rule.rates() == pytest.approx({4: 8 / 0.012, 0: 8 / 0.011})  # not (8 + 40) / 2 / 0.012 = 2000/s
@@ -334,7 +342,7 @@ def test_arms_timed_as_rows_finish_decide_the_call_and_a_strict_rule_keeps_no_co
     assert rule.summary() == ("measured in the call (2 steps each; rows finished meanwhile, so not kept as costs): "
                               "k=4 13644 tokens/s at 192 rows vs plain 8049 tokens/s at 99 rows; kept k=4")
     lenient = StepArms((4, 0), measure_steps=2)  # a call within what the engine runs at once keeps them
-    for k, seconds, tokens, rows, prefill in steps:
+    for _k, seconds, tokens, rows, prefill in steps:
         lenient.observe_step(lenient.next_k(), seconds, tokens, rows, prefill)
     assert not lenient.matched() and lenient.costs_kept()
     assert lenient.summary().startswith("measured in the call (2 steps each at 252 rows)")

@@ -343,7 +343,7 @@ def test_vllm_driver_checks_local_models_without_transformers_and_finds_the_same
     import subprocess
     import sys
 
-    from batchspec.runner.validate import local_model_problems, resolve_models
+    from batchspec.runner.preflight import local_model_problems, resolve_models
     from batchspec.testing import build_model, build_tokenizer
 
     other_vocab = build_model(tmp_path / "v", "llama", build_tokenizer(tmp_path / "t", vocab_size=300), seed=2)
@@ -367,7 +367,7 @@ def test_vllm_driver_checks_local_models_without_transformers_and_finds_the_same
     assert "not a Medusa checkpoint" in found["not a medusa checkpoint"][0]
     hub_id = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"), model__target="someorg/somemodel")
     assert local_model_problems(hub_id) is None  # resolving a hub id is transformers' job
-    code = ("import sys; from batchspec.spec import spec_from_dict; from batchspec.runner.validate import resolve_models; "
+    code = ("import sys; from batchspec.spec import spec_from_dict; from batchspec.runner.preflight import resolve_models; "
             f"spec = spec_from_dict({{'name': 't', 'input': {{'path': 'in'}}, 'output': {{'path': 'out'}}, "
             f"'model': {{'target': {target!r}, 'draft': {{'kind': 'model', 'path': {draft!r}}}}}}}); "
             "assert resolve_models(spec, 'vllm') == []; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
@@ -737,8 +737,8 @@ def test_validate_tells_a_vllm_job_on_cpu_that_latent_attention_was_not_exact(tm
     from its own plain output (docs/engine.md): a vllm job on CPU actors hears it before it runs,
     from both driver checks (the quick JSON one and the transformers one); a GPU job and the hf
     backend do not."""
-    from batchspec.runner import validate
-    from batchspec.runner.validate import local_model_problems, resolve_models
+    from batchspec.runner import preflight
+    from batchspec.runner.preflight import local_model_problems, resolve_models
     from batchspec.spec import spec_from_dict
     from batchspec.testing import build_arch_model, build_tokenizer
 
@@ -753,7 +753,7 @@ def test_validate_tells_a_vllm_job_on_cpu_that_latent_attention_was_not_exact(tm
         found = []
         with monkeypatch.context() as m:
             if check == "full":  # as for a hub id: the quick check hands over to transformers
-                m.setattr(validate, "local_model_problems", lambda spec, notes=None: None)
+                m.setattr(preflight, "local_model_problems", lambda spec, notes=None: None)
             assert (local_model_problems(spec, found) if check == "quick" else resolve_models(spec, backend, found)) == []
         return [n for n in found if "latent attention" in n]
 

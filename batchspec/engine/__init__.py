@@ -6,11 +6,12 @@ and must not pay for torch and transformers (~3.5 s) to do it."""
 from importlib import import_module
 
 _WHERE = {
-    "DRAFT_KINDS": "engine", "Completion": "engine", "DraftSpec": "engine", "Engine": "engine",
-    "AdaptiveK": "generate", "BatchResult": "generate", "FixedK": "generate", "GenerationConfig": "generate",
-    "RoundTiming": "generate", "RowStats": "generate",
-    "ModelLoadError": "models", "load_model": "models",
-    "RowRandom": "sampling", "SamplingParams": "sampling", "row_seed": "sampling",
+    "DRAFT_KINDS": "engine", "DraftSpec": "engine", "Engine": "engine",
+    "Backend": "api", "BatchResult": "api", "Completion": "api", "RoundTiming": "api", "RowStats": "api",
+    "SamplingParams": "api", "row_seed": "api",
+    "AdaptiveK": "api", "FixedK": "api", "GenerationConfig": "generate",
+    "ModelLoadError": "api", "load_model": "models",
+    "RowRandom": "sampling",
 }
 __all__ = sorted(_WHERE)
 

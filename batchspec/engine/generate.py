@@ -14,12 +14,14 @@ non-associativity of batched kernels; exact in fp32 on CPU, see docs/engine.md).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from . import cache as kv
+from .api import AdaptiveK, BatchResult, DraftLength, FixedK, RoundTiming, RowOutput, RowStats  # noqa: F401
 from .sampling import SAMPLE, RowRandom, SamplingParams, gather_uniforms, logits_to_probs, sample_from
 from .verify import accepted_prefix, greedy_verify, rejection_verify
 
@@ -32,97 +34,11 @@ class GenerationConfig:
     pad_token_id: int = 0
 
 
-@dataclass
-class RowStats:
-    """Raw per-row counters. Rates are derived in reports: acceptance_rate = accepted / draft_tokens;
-    mean acceptance length (tokens per target pass, counting the bonus token) = 1 + accepted / spec_rounds."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    draft_tokens: int = 0  # proposed by the draft for this row
-    accepted_tokens: int = 0  # of those, accepted by the target and emitted
-    spec_rounds: int = 0  # target passes in which this row verified at least one draft token
-    rejections: int = 0  # of those, passes cut short by a rejected draft token (policy's acceptance trials)
-    ttft_s: float = 0.0  # batch start -> first token of this row
-    latency_s: float = 0.0  # batch start -> this row finished
-    finish_reason: str = "length"  # stop | length
-
-
-@dataclass
-class RowOutput:
-    token_ids: list[int]  # generated ids, including a final EOS or the token completing a stop string
-    stats: RowStats
-    stop_string: str | None = None  # the stop string that ended the row, if any
-
-
-@dataclass
-class RoundTiming:
-    """One round of the batch, for cost calibration (policy) and the adaptive draft length."""
-
-    batch_size: int
-    k: int
-    draft_s: float
-    target_s: float
-    proposed: int
-    accepted: int
-    rejections: int = 0  # rows whose draft was cut short by a rejection (acceptance trials that failed)
-
-
-@dataclass
-class BatchResult:
-    rows: list[RowOutput]
-    rounds: list[RoundTiming] = field(default_factory=list)
-    prefill_s: float = 0.0  # target prefill and first token
-    draft_prefill_s: float = 0.0  # the draft's own prefill (0 without a model draft)
-
-
 class Proposer(Protocol):
     def prefill(self, prompts: list[list[int]], first_tokens: list[int], device) -> None: ...
     def propose(self, k: int, lengths: torch.Tensor, params: SamplingParams, uniforms): ...
     def accept(self, n_accepted: list[int], emitted: list[list[int]], proposed: bool) -> None: ...
     def select(self, keep_idx: torch.Tensor) -> None: ...
-
-
-class DraftLength(Protocol):
-    """Chooses k for the next round and learns from each round's outcome."""
-
-    def next_k(self) -> int: ...
-    def observe(self, timing: RoundTiming) -> None: ...
-
-
-@dataclass
-class FixedK:
-    k: int
-
-    def next_k(self) -> int:
-        return self.k
-
-    def observe(self, timing: RoundTiming) -> None:
-        pass
-
-
-@dataclass
-class AdaptiveK:
-    """Default rule, in the spirit of transformers' assisted-generation heuristic but batch-aware:
-    grow k by one after a round where at least 90% of proposed tokens were accepted, shrink by one
-    when fewer than 50% were. Cheap, no calibration, and k settles near the length at which the
-    draft usually fails. (The per-shard policy can substitute a cost-model rule.)"""
-
-    k: int = 4
-    k_min: int = 1
-    k_max: int = 10
-
-    def next_k(self) -> int:
-        return self.k
-
-    def observe(self, timing: RoundTiming) -> None:
-        if timing.proposed == 0:
-            return
-        rate = timing.accepted / timing.proposed
-        if rate >= 0.9:
-            self.k = min(self.k + 1, self.k_max)
-        elif rate < 0.5:
-            self.k = max(self.k - 1, self.k_min)
 
 
 StopCheck = Callable[[list[int]], "str | None"]  # completion ids -> the stop string it now contains

@@ -118,7 +118,7 @@ class EagleModel(nn.Module):
         """The target's features as this model's input (EAGLE-1 reads them as they are)."""
         return features
 
-    def attach(self, target: nn.Module) -> "EagleModel":
+    def attach(self, target: nn.Module) -> EagleModel:
         # Plain attributes, not submodules: the target's weights stay out of this module's state.
         object.__setattr__(self, "embed", target.get_input_embeddings())
         object.__setattr__(self, "lm_head", target.get_output_embeddings())
@@ -217,7 +217,7 @@ class Eagle3Model(nn.Module):
 
     @classmethod
     def from_target(cls, target: nn.Module, feature_layers: tuple[int, ...],
-                    vocab_ids: torch.Tensor | None = None) -> "Eagle3Model":
+                    vocab_ids: torch.Tensor | None = None) -> Eagle3Model:
         """A new draft shaped like one of the target's layers, its draft vocabulary the sorted
         target ids `vocab_ids` (all of them when None), its LM head starting at the target's rows
         for those ids and its final norm at the target's: where training starts."""
@@ -234,7 +234,7 @@ class Eagle3Model(nn.Module):
             model.norm.weight.copy_(target.get_decoder().norm.weight)
         return model
 
-    def attach(self, target: nn.Module) -> "Eagle3Model":
+    def attach(self, target: nn.Module) -> Eagle3Model:
         object.__setattr__(self, "embed", self.own_embed if self.own_embed is not None else target.get_input_embeddings())
         return self
 
@@ -327,7 +327,7 @@ class EagleDraft:
 
     needs_features = True
 
-    def __init__(self, model: "EagleModel | Eagle3Model", vocab_size: int, pad_id: int, tree_width: int = 1):
+    def __init__(self, model: EagleModel | Eagle3Model, vocab_size: int, pad_id: int, tree_width: int = 1):
         self.model, self.vocab_size, self.pad_id, self.tree_width = model, vocab_size, pad_id, tree_width
         self.kind = "eagle3" if isinstance(model, Eagle3Model) else "eagle"
         self.feature_layers = model.feature_layers

@@ -7,11 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .api import ModelLoadError  # noqa: F401  (raised here; defined on the seam)
 from .sources import local_source_problem
-
-
-class ModelLoadError(RuntimeError):
-    """The model or tokenizer could not be loaded; the message says what to check."""
 
 
 @dataclass

@@ -15,22 +15,11 @@ reproducibility of sampled rows; greedy rows never depend on it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from .api import SamplingParams, row_seed  # noqa: F401  (row_seed: re-exported for callers here)
+
 DRAFT, ACCEPT, SAMPLE = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -77,14 +66,6 @@ class RowRandom:
         if need > 0:
             self.buffer = torch.cat([self.buffer, torch.rand(need, 3, generator=self.generator)])
         return self.buffer[start:start + count]
-
-
-def row_seed(job_seed: int, row_key: str) -> int:
-    """A row's seed from the job seed and a stable row key (its id), independent of batching."""
-    import hashlib
-
-    digest = hashlib.sha256(f"{job_seed}:{row_key}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 def gather_uniforms(rows: list[RowRandom], starts: list[int], count: int, device) -> torch.Tensor:

@@ -43,10 +43,8 @@ import os
 import time
 
 from ..errors import error_line
-from .engine import Completion
-from .generate import BatchResult, RoundTiming, RowStats
+from .api import BatchResult, Completion, RoundTiming, RowStats, SamplingParams
 from .models import encode_prompts, resolve_device
-from .sampling import SamplingParams
 
 log = logging.getLogger("batchspec.engine")
 
@@ -255,9 +253,10 @@ def _fitted_context_note(model_config, cache_config) -> str:
 
 
 class VLLMBackend:
+    # What the runner reads of this backend (api.Backend); max_batch and learns_costs are set per engine.
     name = "vllm"
-    rows_per_call = 0  # 0: a whole shard per call (vLLM schedules it); probes use the runner's batch
-    per_round_k = False  # k is fixed for a call; the policy re-picks it between calls
+    whole_shard_calls = True  # vLLM schedules a whole shard; probes use the runner's batch
+    per_round_k = False  # k is fixed for a call, or set before each step by a StepRule
 
     def __init__(self, llm, tokenizer, draft_kind: str, target_source: str, draft_source: str | None, k_max: int,
                  plain_llm=None):
@@ -384,7 +383,7 @@ class VLLMBackend:
 
     @classmethod
     def load(cls, spec_model, k_default: int = 4, sampled: bool = False,
-             local_paths: dict[str, str] | None = None) -> "VLLMBackend":
+             local_paths: dict[str, str] | None = None) -> VLLMBackend:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from transformers import AutoTokenizer
         from vllm import LLM

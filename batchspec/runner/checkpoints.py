@@ -50,7 +50,7 @@ def fetch_prefix(uri: str, storage_options: dict | None = None) -> Path:
     import fsspec
     from filelock import FileLock
 
-    from ..engine.models import ModelLoadError
+    from ..engine.api import ModelLoadError
 
     key = hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:16]
     dest = cache_root() / "models" / key

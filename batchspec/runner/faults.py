@@ -26,7 +26,7 @@ class FaultPlan:
     path: str
 
     @classmethod
-    def from_env(cls) -> "FaultPlan | None":
+    def from_env(cls) -> FaultPlan | None:
         path = os.environ.get(FAULT_FILE_ENV)
         return cls(path) if path else None
 

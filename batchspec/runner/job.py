@@ -18,8 +18,9 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING
 
 from ..errors import error_line
 from ..spec import JobSpec
@@ -28,6 +29,9 @@ from .logs import log_event
 from .plan import Shard, input_fingerprint, plan_shards
 from .store import OutputStore
 from .worker import now_iso
+
+if TYPE_CHECKING:
+    from ..engine.backend import BackendChoice
 
 log = logging.getLogger("batchspec.job")
 
@@ -294,7 +298,7 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
     job_id = f"{spec.name}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     ray_s = None
     if todo:
-        from .validate import local_path_problems
+        from .preflight import local_path_problems
 
         problems = local_path_problems(spec)  # at once; the rest on a thread while Ray starts
         if problems:
@@ -303,10 +307,10 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
         if on_plan:
             on_plan(shards, todo)
         if todo:
-            check = _ModelCheck(spec, backend[0])
+            check = _ModelCheck(spec, backend.name)
             with _ctrl_c_kept():
                 t_ray = time.perf_counter()
-                if init_ray(address, worker_logs=worker_logs, worker_env=actor_env_vars(backend[0], actor_threads(spec))):
+                if init_ray(address, worker_logs=worker_logs, worker_env=actor_env_vars(backend.name, actor_threads(spec))):
                     ray_s = time.perf_counter() - t_ray
             problems = check.result()  # on the driver, not in every actor
             if problems:
@@ -338,7 +342,7 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
 
 
 class _ModelCheck(threading.Thread):
-    """validate.resolve_models on a thread of its own, started before Ray. On the hf backend it
+    """preflight.resolve_models on a thread of its own, started before Ray. On the hf backend it
     imports transformers and torch to read configs and tokenizers: 6.3-6.5 s on two cores, in
     series with a local Ray's start (5.9-6.7 s, mostly waiting on the processes it spawns). Side
     by side both were done in 10.7-10.8 s against 13.1-14.4 s one after the other (4 alternating
@@ -354,7 +358,7 @@ class _ModelCheck(threading.Thread):
         self.start()
 
     def run(self) -> None:
-        from .validate import resolve_models
+        from .preflight import resolve_models
 
         try:
             self._problems = resolve_models(self.spec, self.backend, self.notes)
@@ -433,7 +437,7 @@ class JobInterrupted(KeyboardInterrupt):
         self.job_id, self.status, self.recorded, self.terminated = job_id, status, recorded, terminated
 
 
-def _interrupted(spec: JobSpec, store: OutputStore, shards: list[Shard], job_id: str, backend, by: str,
+def _interrupted(spec: JobSpec, store: OutputStore, shards: list[Shard], job_id: str, backend: BackendChoice, by: str,
                  lease: Lease | None = None) -> dict:
     st = status(spec.output.path, spec.output.storage_options)
     if lease is not None and lease.lost:
@@ -452,8 +456,8 @@ def _interrupted(spec: JobSpec, store: OutputStore, shards: list[Shard], job_id:
     return st
 
 
-def pick_backend(spec: JobSpec) -> tuple[str, str]:
-    """(backend, reason), decided once on the driver so every actor runs the same engine. Auto on
+def pick_backend(spec: JobSpec) -> BackendChoice:
+    """The backend and why, decided once on the driver so every actor runs the same engine. Auto on
     CPU with vLLM installed reads the target's config.json (no transformers) to see whether it
     uses latent attention; a config it cannot read counts as not."""
     from ..engine import backend as engines
@@ -486,7 +490,7 @@ def _run(spec, store, shards, todo, job_id, on_shard, t0, backend, ray_s=None, l
     store.clear_success()
     store.write_job(_job_record(spec, job_id, shards, store.read_job(), status="running", backend=backend))
     log_event(log, "job started", job=job_id, shards=len(shards), todo=len(todo), output=spec.output.path,
-              backend=backend[0], backend_reason=backend[1])
+              backend=backend.name, backend_reason=backend.reason)
 
     reported: dict[str, str | None] = {}  # shard -> error, as the actors reported it
     notes: set[str] = set()  # actors' backend fallbacks, logged once each
@@ -496,13 +500,13 @@ def _run(spec, store, shards, todo, job_id, on_shard, t0, backend, ray_s=None, l
 
         res = spec.resources
         threads = actor_threads(spec)
-        batches = [[s.to_json() for s in call] for call in plan_calls(todo, backend[0], res, spec.model.vllm_args)]
+        batches = [[s.to_json() for s in call] for call in plan_calls(todo, backend.name, res, spec.model.vllm_args)]
         # A plain actor runs its calls in its main thread, the thread that loaded the engine: vLLM's
         # 96-row demo call took 0.77-0.95 s from a second thread (where OpenMP builds a second thread
         # team, as Ray Data's default map did) against 0.64-0.69 s there (bare process: 0.60-0.67 s).
         actor_options = {"num_cpus": res.cpus_per_actor, "num_gpus": res.gpus_per_actor or None,
-                         **actor_runtime_env(actor_env_vars(backend[0], threads))}
-        init_kwargs = {"spec_json": spec.model_dump_json(), "job_id": job_id, "threads": threads, "backend": backend[0]}
+                         **actor_runtime_env(actor_env_vars(backend.name, threads))}
+        init_kwargs = {"spec_json": spec.model_dump_json(), "job_id": job_id, "threads": threads, "backend": backend.name}
         for manifests_of_call in run_pool(ShardWorker, batches, res.actors, actor_options, init_kwargs,
                                           failed=lambda batch, why: [failed_manifest(s["shard"], why) for s in batch]):
             for manifest in manifests_of_call:
@@ -567,7 +571,7 @@ def _log_shard(job_id: str, m: dict, shown: bool = False) -> None:
 
 
 def _job_record(spec: JobSpec, job_id: str, shards: list[Shard], previous: dict | None, status: str,
-                result: JobResult | None = None, backend: tuple[str, str] | None = None) -> dict:
+                result: JobResult | None = None, backend: BackendChoice | None = None) -> dict:
     import importlib.metadata as md
 
     runs = [dict(r) for r in (previous or {}).get("runs", [])]
@@ -578,7 +582,7 @@ def _job_record(spec: JobSpec, job_id: str, shards: list[Shard], previous: dict 
                 # running was killed, or displaced by --force or a stale takeover.
                 run.update({"status": "stopped", "stopped_note": f"no end recorded; run {job_id} took the output over"})
         runs.append({"job_id": job_id, "started_at": now_iso(), "status": status,
-                     "backend": backend[0] if backend else None, "backend_reason": backend[1] if backend else None})
+                     "backend": backend.name if backend else None, "backend_reason": backend.reason if backend else None})
     else:
         _run_entry(runs, job_id).update({"status": status, "finished_at": now_iso(), "done": len(result.done),
                          "failed": sorted(result.failed), "skipped": len(result.skipped), "wall_s": result.wall_s,

@@ -38,7 +38,7 @@ import os
 import platform
 import tempfile
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from .. import __version__
@@ -75,7 +75,7 @@ class Recheck:
         for a changed acceptance), then after 2, 4, 8 runs skipped as confirmations add up."""
         return self.skipped >= min(RECHECK_GAP_MAX, 2 ** max(self.confirmed - 1, 0))
 
-    def after(self, outcome: str | None) -> "Recheck":
+    def after(self, outcome: str | None) -> Recheck:
         """The state the next run starts from, given what this run did: "on" (speculation ran and
         paid), "off" (acceptance measured in this run said off), "skipped" (off from memory, not
         checked), None (nothing about acceptance was decided)."""
@@ -170,7 +170,7 @@ class PolicyMemory:
         self.recheck = Recheck()  # as loaded; save() writes what this run's outcome makes of it
 
     @classmethod
-    def for_spec(cls, spec, backend: str) -> "PolicyMemory | None":
+    def for_spec(cls, spec, backend: str) -> PolicyMemory | None:
         """The memory of this job on this node, or None when remembering is off (spec or node)."""
         root = memory_root()
         if root is None or not spec.speculation.remember:
@@ -208,7 +208,7 @@ class PolicyMemory:
         prior, new_tokens, source = None, [], None
         try:
             data = self._read(self.costs_path)
-            age = datetime.now(timezone.utc) - datetime.fromisoformat(data["measured_at"]) if data else None
+            age = datetime.now(UTC) - datetime.fromisoformat(data["measured_at"]) if data else None
             if age is not None and age > timedelta(days=MAX_AGE_DAYS):
                 log.info("policy memory %s was measured %.1f days ago (more than %g); measuring again",
                          self.costs_path.name, age.total_seconds() / 86400, MAX_AGE_DAYS)
@@ -240,7 +240,7 @@ class PolicyMemory:
         about acceptance so far (Recheck.after), applied to the state as loaded, so a run that
         saves after every batch of shards counts once. A failure to write is a warning, never a
         failed shard."""
-        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        now = datetime.now(UTC).isoformat(timespec="seconds")
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             if costs:

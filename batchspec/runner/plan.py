@@ -16,7 +16,12 @@ import fsspec
 import pyarrow.parquet as pq
 
 from ..errors import error_line
-from .store import safe_name
+
+
+def safe_name(name: str) -> str:
+    """Shard ids become file names: only [A-Za-z0-9._-], never '..', so none escapes the output dir."""
+    cleaned = "".join(c if (c.isalnum() or c in "._-") else "_" for c in name).strip("._") or "shard"
+    return cleaned.replace("..", "_")
 
 
 class PlanError(ValueError):
@@ -40,7 +45,7 @@ class Shard:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "Shard":
+    def from_json(cls, data: dict) -> Shard:
         return cls(**data)
 
     def has_every_row(self, manifest: dict) -> bool:

@@ -19,10 +19,10 @@ through Ray Data against 16.0-17.6 s on this pool, generation equal within noise
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from ..errors import error_line
-
 
 ATTEMPTS = 3  # a call that kills its actor this many times is given up (an OOM or native crash on its input)
 

@@ -6,11 +6,11 @@ import sys
 import time
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+from rich.progress import Progress as RichProgress
 from rich.table import Table
 
 from ..rates import acceptance_rate
-
 
 
 class Progress:

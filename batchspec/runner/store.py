@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import error_line
+from .plan import safe_name
 
 if TYPE_CHECKING:
     from .plan import Shard
@@ -71,12 +72,6 @@ def output_schema_json() -> dict:
         "version": SCHEMA_VERSION,
         "columns": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in OUTPUT_SCHEMA],
     }
-
-
-def safe_name(name: str) -> str:
-    """Shard ids become file names: only [A-Za-z0-9._-], never '..', so none escapes the output dir."""
-    cleaned = "".join(c if (c.isalnum() or c in "._-") else "_" for c in name).strip("._") or "shard"
-    return cleaned.replace("..", "_")
 
 
 class OutputStore:

@@ -16,26 +16,27 @@ import socket
 import string
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..engine.api import AdaptiveK, FixedK, SamplingParams, row_seed
 from ..errors import error_line
-from ..policy import Costs, CostModelK, Decision, LengthProfile, Policy, StepArms, decode_speedup
+from ..policy import CostModelK, Costs, Decision, LengthProfile, Policy, StepArms, decode_speedup
 from ..rates import acceptance_rate
 from ..spec import JobSpec
-from .plan import Shard
 from .faults import FaultPlan
 from .logs import log_event
 from .memory import PolicyMemory
+from .plan import Shard
 from .store import OUTPUT_SCHEMA, OutputStore
 
 log = logging.getLogger("batchspec.worker")
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def prompt_hash(text: str) -> str:
@@ -204,15 +205,15 @@ class ShardRunner:
     """Everything an actor keeps between shards: backend, policy (with its acceptance prior), store."""
 
     def __init__(self, spec: JobSpec, job_id: str, engine=None, calibrate: bool = True, backend: str | None = None):
+        from ..engine.api import ModelLoadError
         from ..engine.backend import HF_DRAFT_KINDS, backend_for, load_backend
-        from ..engine.models import ModelLoadError
         from .checkpoints import local_checkpoints
 
         self.spec, self.job_id = spec, job_id
         m = spec.model
         self.backend_note = None  # why this actor runs another backend than the driver chose
         if engine is None:
-            backend = backend or backend_for(spec)[0]
+            backend = backend or backend_for(spec).name
             load = functools.partial(load_backend, spec_model=m, k_default=spec.speculation.num_speculative_tokens,
                                      sampled=spec.generation.temperature > 0, local_paths=local_checkpoints(m))
             try:
@@ -237,7 +238,7 @@ class ShardRunner:
         sp = spec.speculation
         mode = "off" if m.draft.kind == "none" else sp.mode
         # vLLM with one engine: costs come from the steps of real calls (policy.StepArms), no calibration.
-        measure_in_call = mode == "auto" and bool(getattr(engine, "learns_costs", False))
+        measure_in_call = mode == "auto" and engine.learns_costs
         self.policy = Policy(mode, k_default=sp.num_speculative_tokens, k_max=max(8, sp.num_speculative_tokens),
                              measure_in_call=measure_in_call)
         self.calibrate = mode == "auto" and calibrate and not measure_in_call
@@ -271,7 +272,7 @@ class ShardRunner:
     def concurrency(self, rows: int) -> int:
         """Rows the backend runs at once for this shard: the micro-batch (hf), or the shard up to
         vLLM's max_num_seqs, rounded down to a power of two so shards of similar size share costs."""
-        if self.engine.rows_per_call is None:
+        if not self.engine.whole_shard_calls:
             return self.spec.resources.batch_size
         n = max(1, min(rows, self.engine.max_batch))
         return 1 << (n.bit_length() - 1)
@@ -293,8 +294,6 @@ class ShardRunner:
         return time.perf_counter() - t0 if measured else 0.0
 
     def draft_length(self, k: int, rows: int = 0, strict: bool = False):
-        from ..engine import FixedK
-
         if self.learns_costs:  # vllm: k per engine step; plain steps measured too while costs are unknown
             costs = self.costs_by_batch.get(self.concurrency(rows))
             if costs is None:
@@ -307,8 +306,6 @@ class ShardRunner:
         if self.spec.speculation.adaptive and self.policy.costs is not None:
             return CostModelK(self.policy, k)
         if self.spec.speculation.adaptive:
-            from ..engine import AdaptiveK
-
             return AdaptiveK(k=k)
         return FixedK(k)
 
@@ -340,7 +337,7 @@ class ShardRunner:
                 out[shard.shard] = work
             else:
                 works.append(work)
-        together = self.engine.rows_per_call == 0 and len(works) > 1
+        together = self.engine.whole_shard_calls and len(works) > 1
         for group in ([works] if together else [[w] for w in works]):
             try:
                 self._generate_together(group) if together else self._generate(group[0])
@@ -382,7 +379,7 @@ class ShardRunner:
                       by=previous.get("job_id"))
         return done, previous
 
-    def _open(self, shard: Shard, previous: dict | None = None) -> "ShardWork | dict":
+    def _open(self, shard: Shard, previous: dict | None = None) -> ShardWork | dict:
         """Read, validate and tokenize a shard (previous: its manifest, read here when not given);
         a failed manifest when its input cannot be read."""
         started, t0 = now_iso(), time.perf_counter()
@@ -406,19 +403,19 @@ class ShardRunner:
             r.token_ids = ids
             if len(ids) >= engine.max_context:
                 r.error = (f"prompt has {len(ids)} tokens; the model's context is {engine.max_context}"
-                           + getattr(engine, "context_note", ""))
+                           + engine.context_note)
         valid = sorted((r for r in rows if r.error is None), key=lambda r: len(r.token_ids))  # less padding
         work = ShardWork(shard, base, attempt, table.num_rows, rows, valid, time.perf_counter() - t0)
         work.profile = LengthProfile([len(r.token_ids) for r in valid], self.expected_new(work))
         return work
 
-    def expected_new(self, work: "ShardWork") -> float:
+    def expected_new(self, work: ShardWork) -> float:
         """What the job has seen rows produce, capped per row by the room its prompt leaves in the context."""
         seen = self.policy.expected_new_tokens(self.spec.generation.max_new_tokens)
         lengths = [len(r.token_ids) for r in work.valid]
         return sum(min(seen, self.engine.max_context - n) for n in lengths) / len(lengths) if lengths else seen
 
-    def _decide(self, work: "ShardWork", batches_off: int = 0) -> Decision:
+    def _decide(self, work: ShardWork, batches_off: int = 0) -> Decision:
         """The policy's next decision for this shard, recorded (and logged when it changes)."""
         work.profile.expected_new_tokens = self.expected_new(work)
         last = work.decisions[-1] if work.decisions else None
@@ -446,11 +443,11 @@ class ShardRunner:
         return f" (from what {self.remembered} measured on this node)"
 
     @staticmethod
-    def _replace_decision(work: "ShardWork", old: Decision, new: Decision) -> None:
+    def _replace_decision(work: ShardWork, old: Decision, new: Decision) -> None:
         """Record `new` in the shard's decisions where `_decide` recorded `old` (the call runs under new)."""
         work.decisions = [new if x is old else x for x in work.decisions]
 
-    def _one_decision_per_call(self, decided: list[tuple["ShardWork", Decision]]) -> list[tuple["ShardWork", Decision]]:
+    def _one_decision_per_call(self, decided: list[tuple[ShardWork, Decision]]) -> list[tuple[ShardWork, Decision]]:
         """vllm: shards whose own decisions differ still share one call, under the decision the
         policy takes for all their rows together. vLLM sets k per engine step for every row it
         runs, so a call split by decision ran its parts one after the other, each at a fraction
@@ -480,7 +477,7 @@ class ShardRunner:
             out.append((w, together))
         return out
 
-    def _check_remembered(self, decided: list[tuple["ShardWork", Decision]]) -> list[tuple["ShardWork", Decision]]:
+    def _check_remembered(self, decided: list[tuple[ShardWork, Decision]]) -> list[tuple[ShardWork, Decision]]:
         """vllm: the decisions of a call's shards, with an "off" that rests on an earlier run's
         acceptance turned into a check when one is due (memory.Recheck): the call speculates
         until its own steps say whether that acceptance still holds (_checking_rule). Only when
@@ -510,7 +507,7 @@ class ShardRunner:
         if rank[outcome] > rank[self.outcome]:
             self.outcome = outcome
 
-    def _generate(self, work: "ShardWork") -> None:
+    def _generate(self, work: ShardWork) -> None:
         """One shard alone. hf: micro-batches of batch_size, re-deciding after each. vllm: the rest of
         the shard in one call (continuous batching), after a short probe when no acceptance is known."""
         if self.faults:
@@ -519,7 +516,7 @@ class ShardRunner:
         bs, off_batches, t0 = self.spec.resources.batch_size, 0, time.perf_counter()
         while work.done < len(work.valid):
             decision = self._decide(work, off_batches)
-            whole = self.engine.rows_per_call == 0
+            whole = self.engine.whole_shard_calls
             if whole:
                 ((_, decision),) = self._check_remembered([(work, decision)])
             if whole and "probe" in decision.reason:
@@ -532,7 +529,7 @@ class ShardRunner:
                 self.faults.reached(work.shard.shard, work.done)
         work.gen_s = time.perf_counter() - t0
 
-    def _generate_together(self, works: list["ShardWork"]) -> None:
+    def _generate_together(self, works: list[ShardWork]) -> None:
         """Several shards on the vllm backend: a probe first if this actor has seen no acceptance yet,
         then each shard's own decision, and one call per distinct (on/off, k) over all their rows.
         A shared call's time is split among its shards by their completion tokens."""
@@ -568,7 +565,7 @@ class ShardRunner:
             if self.faults:
                 self.faults.reached(w.shard.shard, w.done)
 
-    def _probe(self, work: "ShardWork", decision: Decision, tokens: int = 16) -> None:
+    def _probe(self, work: ShardWork, decision: Decision, tokens: int = 16) -> None:
         """vllm: measure acceptance with a short look (the first batch_size rows, `tokens` new tokens
         each, speculating at the probe's k), then discard it; the rows are generated in full with the
         decision it informs. A full-length probe would cost a whole low-concurrency call: on the demo
@@ -582,8 +579,6 @@ class ShardRunner:
         """engine.generate over rows with the job's sampling, stops and per-row seeds, each row capped
         by the room its prompt leaves in the context; what the call measured goes to the policy
         (unless a CostModelK rule already fed it every round)."""
-        from ..engine import SamplingParams, row_seed
-
         gen, engine = self.spec.generation, self.engine
         outs, res = engine.generate(
             [r.token_ids for r in rows], max_new, SamplingParams(gen.temperature, gen.top_k, gen.top_p), tuple(gen.stop),
@@ -604,7 +599,7 @@ class ShardRunner:
                 self.policy.observe_round(t.k, t.draft_s, t.target_s, t.accepted, t.rejections)
         return outs
 
-    def _generate_block(self, batch: list[tuple["ShardWork", RowInput]], decision: Decision) -> Decision:
+    def _generate_block(self, batch: list[tuple[ShardWork, RowInput]], decision: Decision) -> Decision:
         """One engine call over rows (possibly of several shards) under one decision; records each
         row's result in its shard and feeds what the call measured to the policy. Returns the
         decision the rows ran under (what a measuring call kept)."""
@@ -633,7 +628,7 @@ class ShardRunner:
             rule = self._checking_rule(decision, batch)
         return self._run_block(batch, decision, rule)
 
-    def _checking_rule(self, decision: Decision, batch: list[tuple["ShardWork", RowInput]]) -> StepArms:
+    def _checking_rule(self, decision: Decision, batch: list[tuple[ShardWork, RowInput]]) -> StepArms:
         """The rule of a call that checks a remembered "off": k from the start, and once its clean
         steps have made guard_passes row passes, plain for the rest unless the acceptance they
         delivered makes the decision's own prediction (prefill included, for these rows) earn
@@ -646,7 +641,7 @@ class ShardRunner:
         return StepArms((k,), guard=lambda alpha: self.policy.predict(profile, alpha, k, costs),
                         threshold=1.0 + self.policy.margin)
 
-    def _run_block(self, batch: list[tuple["ShardWork", RowInput]], decision: Decision, rule) -> Decision:
+    def _run_block(self, batch: list[tuple[ShardWork, RowInput]], decision: Decision, rule) -> Decision:
         """The engine call itself under a draft-length rule; what the rows ran under is returned."""
         outs = self._call([r for _, r in batch], self.spec.generation.max_new_tokens, decision.speculate, rule)
         self.policy.observe_rows([o.stats.completion_tokens for o in outs if o.error is None])
@@ -717,7 +712,7 @@ class ShardRunner:
             log_event(log, f"policy: {decision.reason}", job=self.job_id, shard=work.shard.shard, at_row=work.done)
         return decision
 
-    def _commit(self, work: "ShardWork") -> dict:
+    def _commit(self, work: ShardWork) -> dict:
         shard, rows_in = work.shard, work.rows_in
         rows_out = [self._row(shard, r, work.results.get(r.row_index), work.attempt) for r in work.rows]
         t1 = time.perf_counter()
@@ -798,7 +793,7 @@ class ShardWorker:
         # ... and to stdout, which --worker-logs forwards to the driver's stdout: 45 raw lines per
         # demo run there beside --log-format json's records on stderr. On stderr they are records too.
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-        from ..engine.models import ModelLoadError
+        from ..engine.api import ModelLoadError
 
         self.runner, self.load_error = None, None
         try:
