@@ -10,6 +10,7 @@ import sys
 
 import typer
 
+from .draft_kinds import HF_KINDS
 from .errors import error_line
 
 app = typer.Typer(
@@ -296,7 +297,7 @@ def validate(
 def bench(
     quick: bool = typer.Option(False, help="Tiny pair, few tokens: a smoke test of the benchmark itself."),
     target: str | None = typer.Option(None, help="Target checkpoint (default: a locally built ~110M Llama)."),
-    draft: str = typer.Option("quantized", help="Draft kind: quantized, model, layer_skip, ngram, medusa, eagle or eagle3."),
+    draft: str = typer.Option("quantized", help=f"Draft kind, on batchspec's engine: {', '.join(k for k in HF_KINDS if k != 'none')}."),
     draft_path: str | None = typer.Option(None, help="Draft checkpoint for --draft model, medusa, eagle or eagle3."),
     batch_sizes: str = typer.Option("1,4,16", help="Comma-separated batch sizes."),
     max_new_tokens: int = typer.Option(64, help="Tokens generated per row."),

@@ -23,6 +23,7 @@ OVER_LIMIT: dict[str, int] = {
     "batchspec/runner/worker.py:ShardRunner": 569,
     "batchspec/engine/generate.py:generate": 171,
     "batchspec/engine/engine.py:measure_costs": 85,
+    "batchspec/engine/vllm_backend.py:VLLMBackend": 347,  # its private vLLM hooks are to move to one module
 }
 
 
@@ -176,3 +177,11 @@ def test_the_mypy_baseline_only_lists_modules_that_still_fail(tmp_path):
     failing = {line.split(":")[0] for line in done.stdout.splitlines() if ": error:" in line}
     clean = [m for m in baseline if (m.replace(".", "/") + ".py") not in failing]
     assert not clean, f"these pass mypy now; take them off the baseline in pyproject.toml: {clean}"
+
+
+def test_docs_draft_kind_table_is_the_registry():
+    from batchspec.draft_kinds import markdown_table
+
+    page = (ROOT / "docs" / "engine.md").read_text()
+    between = page.split("<!-- draft-kinds:start -->\n")[1].split("\n<!-- draft-kinds:end -->")[0]
+    assert between == markdown_table(), "regenerate docs/engine.md's table from batchspec/draft_kinds.markdown_table()"

@@ -7,6 +7,7 @@ shard descriptors per call.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import hashlib
@@ -23,7 +24,19 @@ import pyarrow.parquet as pq
 
 from ..engine.api import AdaptiveK, FixedK, SamplingParams, row_seed
 from ..errors import error_line
-from ..policy import CostModelK, Costs, Decision, LengthProfile, Policy, StepArms, decode_speedup
+from ..policy import (
+    Alone,
+    CallShare,
+    CostModelK,
+    Costs,
+    Decision,
+    LengthProfile,
+    Look,
+    Policy,
+    StepArms,
+    decode_speedup,
+)
+from ..policy import DecisionKind as Kind
 from ..rates import acceptance_rate
 from ..spec import JobSpec
 from .faults import FaultPlan
@@ -420,27 +433,23 @@ class ShardRunner:
         work.profile.expected_new_tokens = self.expected_new(work)
         last = work.decisions[-1] if work.decisions else None
         # A probe is not "on" for the hysteresis: after it, speculation must earn 1 + margin to stay on.
-        state = None if last is None or "probe" in last.reason else last.speculate
+        state = None if last is None or last.probes else last.speculate
         d = self._mark_remembered(self.policy.decide(work.profile, state, batches_off, at_row=work.done))
-        if last is None or d.speculate != last.speculate or d.k != last.k or "probe" in last.reason:
+        if last is None or d.speculate != last.speculate or d.k != last.k or last.probes:
             work.decisions.append(d)
             if last is not None:
                 log_event(log, f"policy: {d.reason}", job=self.job_id, shard=work.shard.shard, at_row=work.done)
         return d
 
     def _mark_remembered(self, d: Decision) -> Decision:
-        """A decision taken on remembered numbers says so: in its reason, in `numbers`, and, when it
-        is off for an earlier run's acceptance, as one _check_remembered may turn into a check."""
+        """A decision taken on remembered numbers says so (its reason renders where they came from),
+        and, when it is off for an earlier run's acceptance, is one _check_remembered may turn into
+        a check."""
         if self.remembered and not d.speculate and d.alpha is not None and self.learns_costs:
-            d.numbers["remembered_off"] = True
+            d.rests_on_remembered_acceptance = True
         if self.remembered and self.policy.costs is not None:
-            d.reason += self._from_memory()
-            d.numbers["remembered"] = self.remembered
+            d.remembered = self.remembered
         return d
-
-    def _from_memory(self) -> str:
-        """What a reason decided on remembered numbers ends with."""
-        return f" (from what {self.remembered} measured on this node)"
 
     @staticmethod
     def _replace_decision(work: ShardWork, old: Decision, new: Decision) -> None:
@@ -466,13 +475,9 @@ class ShardRunner:
         joint = self.policy.decide(profile, None)
         out = []
         for w, d in decided:
-            alone = (f"on at k={d.k}" if d.speculate else "off") + (
-                f", predicted {d.predicted_speedup:.2f}x" if d.predicted_speedup is not None else "")
-            numbers = {**joint.numbers, "call_rows": n, "call_shards": len(decided),
-                       "alone": {"speculate": d.speculate, "k": d.k, "predicted_speedup": d.predicted_speedup}}
-            together = self._mark_remembered(Decision(
-                joint.speculate, joint.k, f"{joint.reason}, for the {n} rows of this call's {len(decided)} shards "
-                f"together (this shard alone: {alone})", joint.predicted_speedup, joint.alpha, d.at_row, numbers))
+            share = CallShare(n, len(decided), Alone(d.speculate, d.k, d.predicted_speedup))
+            together = self._mark_remembered(
+                dataclasses.replace(joint, at_row=d.at_row, numbers=dict(joint.numbers), call=share))
             self._replace_decision(w, d, together)
             out.append((w, together))
         return out
@@ -483,19 +488,18 @@ class ShardRunner:
         until its own steps say whether that acceptance still holds (_checking_rule). Only when
         every shard of the call is off for that reason, so the check never splits a call, and
         when costs are known at the call's concurrency, so it is judged, not measured."""
-        offs = [d for _, d in decided if d.numbers.get("remembered_off")]
+        offs = [d for _, d in decided if d.rests_on_remembered_acceptance]
         if not offs:
             return decided
         rows = sum(len(w.valid) - w.done for w, _ in decided)
         if not (self.recheck and len(offs) == len(decided) and self.concurrency(rows) in self.costs_by_batch):
             self._found("skipped")
             return decided
-        out, source = [], self._from_memory()
+        out = []
         for w, d in decided:
-            why = d.reason.removeprefix("off: ").removesuffix(source)
-            check = Decision(True, d.numbers["k"], f"on (checking): the remembered {why}; this call speculates "
-                             f"until its own steps show whether that still holds{source}",
-                             d.predicted_speedup, d.alpha, d.at_row, {**d.numbers, "checking": True})
+            check = Decision(Kind.CHECKING, True, d.numbers["k"], f"the remembered {d.body()}; this call speculates "
+                             "until its own steps show whether that still holds", d.predicted_speedup, d.alpha,
+                             d.at_row, d.to_json()["numbers"], remembered=self.remembered)
             self._replace_decision(w, d, check)
             out.append((w, check))
         return out
@@ -519,7 +523,7 @@ class ShardRunner:
             whole = self.engine.whole_shard_calls
             if whole:
                 ((_, decision),) = self._check_remembered([(work, decision)])
-            if whole and "probe" in decision.reason:
+            if whole and decision.probes:
                 self._probe(work, decision)
                 continue
             batch = work.valid[work.done:] if whole else work.valid[work.done:work.done + bs]
@@ -544,7 +548,7 @@ class ShardRunner:
         if works and self.policy.prior.estimate is None:
             first, t0 = works[0], time.perf_counter()
             decision = self._decide(first)
-            if "probe" in decision.reason:
+            if decision.probes:
                 self._probe(first, decision)
                 spent[id(first)] = time.perf_counter() - t0
         groups: dict[tuple, list] = {}
@@ -573,7 +577,7 @@ class ShardRunner:
         since vLLM seeds each request."""
         rows = work.valid[:self.spec.resources.batch_size]
         self._call(rows, tokens, True, decision.k)
-        decision.reason += f"; a {tokens}-token look at {len(rows)} rows, discarded"
+        decision.look = Look(tokens, len(rows))
 
     def _call(self, rows: list[RowInput], max_new: int, speculate: bool, draft_length):
         """engine.generate over rows with the job's sampling, stops and per-row seeds, each row capped
@@ -605,7 +609,7 @@ class ShardRunner:
         decision the rows ran under (what a measuring call kept)."""
         rule = self.draft_length(decision.k, len(batch)) if decision.speculate else None
         measuring = isinstance(rule, StepArms) and len(rule.arms) > 1
-        checking = bool(decision.numbers.get("checking")) and isinstance(rule, StepArms) and rule.guard is not None
+        checking = decision.kind is Kind.CHECKING and isinstance(rule, StepArms) and rule.guard is not None
         if (measuring or checking) and len(batch) > self.engine.max_batch:
             # Measuring needs clean steps at the call's full concurrency, and a call of more rows
             # than the engine runs at once has almost none: as rows finish, every step admits the
@@ -682,7 +686,7 @@ class ShardRunner:
         elif (costs := Costs.from_steps(b, steps, prefill, draft_prefill)) is not None:
             self.costs_by_batch[b] = costs
         self.policy.costs = self.costs_by_batch.get(b)
-        if decision.numbers.get("checking"):
+        if decision.kind is Kind.CHECKING:
             self.recheck = False  # once a run: later calls decide from what this one delivered
         if verdict is not None:
             self._found(verdict)
@@ -692,14 +696,14 @@ class ShardRunner:
             seen = rule.stopped
             assumed = f" where the decision assumed {decision.alpha:.2f}" if decision.alpha is not None else ""
             return self._record(batch, Decision(
-                False, 0, f"off for the rest of the call: its steps at k={seen['k']} delivered per-token acceptance "
+                Kind.STOPPED, False, 0, f"its steps at k={seen['k']} delivered per-token acceptance "
                 f"{seen['acceptance']:.2f} over {seen['row_passes']} row passes{assumed}, predicted "
                 f"{seen['predicted_speedup']:.2f}x", seen["predicted_speedup"], seen["acceptance"], decision.at_row,
                 {**seen, "rows": len(batch)}))
         if not rule.explored():
             return decision
         rates = rule.rates()  # measured speedup: speculative steps' tokens per second over plain steps'
-        kept = Decision(rule.k > 0, rule.k, rule.summary(), round(rates[rule.arms[0]] / rates[0], 3),
+        kept = Decision(Kind.KEPT, rule.k > 0, rule.k, rule.summary(), round(rates[rule.arms[0]] / rates[0], 3),
                         self.policy.prior.estimate, decision.at_row,
                         {"tokens_per_s": {str(k): round(v, 1) for k, v in rates.items()}, "k": decision.k,
                          "rows": rule.rows, "costs_kept": rule.costs_kept()})
