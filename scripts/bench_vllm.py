@@ -102,7 +102,7 @@ def job_prompts(spec) -> tuple[list[str], list[list[int]]]:
     from transformers import AutoTokenizer
 
     from batchspec.runner.plan import plan_shards
-    from batchspec.runner.worker import read_shard
+    from batchspec.runner.read import read_shard
 
     tok = AutoTokenizer.from_pretrained(spec.model.target)
     ids, texts = [], []

@@ -179,7 +179,7 @@ def test_prompt_template_and_chat_format(models_dir):
     from transformers import AutoTokenizer
 
     from batchspec.runner.plan import Shard
-    from batchspec.runner.worker import validate_rows
+    from batchspec.runner.read import validate_rows
 
     tok = AutoTokenizer.from_pretrained(models_dir / "llama-target")
     shard = Shard("s", "x.parquet", 0, 2, {})

@@ -112,8 +112,8 @@ def test_a_model_vllm_cannot_load_fails_the_shards_with_one_line(tmp_path):
     import json
     import shutil
 
+    from batchspec.runner.actor import ShardWorker
     from batchspec.runner.plan import plan_shards
-    from batchspec.runner.worker import ShardWorker
 
     _require_vllm()
     target = tmp_path / "unknown-arch"
@@ -134,7 +134,7 @@ def test_a_model_vllm_cannot_load_fails_the_shards_with_one_line(tmp_path):
 FALLBACK = r"""
 import json, sys
 from batchspec.runner.plan import plan_shards
-from batchspec.runner.worker import ShardWorker
+from batchspec.runner.actor import ShardWorker
 from batchspec.spec import load_spec
 spec = load_spec(sys.argv[1], json.loads(sys.argv[2]))
 shard = plan_shards(sys.argv[3])[0]
@@ -209,7 +209,7 @@ FITTED = r"""
 import json, sys
 import pyarrow as pa, pyarrow.parquet as pq
 from batchspec.runner.plan import plan_shards
-from batchspec.runner.worker import ShardWorker
+from batchspec.runner.actor import ShardWorker
 from batchspec.spec import load_spec
 spec = load_spec(sys.argv[1], json.loads(sys.argv[2]))
 rows = pq.read_table(sys.argv[3]).to_pylist()[:4]
@@ -288,7 +288,7 @@ def test_only_auto_falls_back_and_only_to_a_draft_kind_hf_serves(models_dir, tmp
     # The actor gives the engine that runs its CPU threads: hf after the fallback.
     import torch
 
-    from batchspec.runner.worker import ShardWorker
+    from batchspec.runner.actor import ShardWorker
 
     before = torch.get_num_threads()
     try:

@@ -27,8 +27,7 @@ from ..spec import JobSpec
 from .lease import Lease, LeaseHeld, LeaseLost
 from .logs import log_event
 from .plan import Shard, input_fingerprint, plan_shards
-from .store import OutputStore
-from .worker import now_iso
+from .store import OutputStore, now_iso
 
 if TYPE_CHECKING:
     from ..engine.backend import BackendChoice
@@ -495,8 +494,8 @@ def _run(spec, store, shards, todo, job_id, on_shard, t0, backend, ray_s=None, l
     reported: dict[str, str | None] = {}  # shard -> error, as the actors reported it
     notes: set[str] = set()  # actors' backend fallbacks, logged once each
     if todo:
+        from .actor import ACTOR_START, ShardWorker, failed_manifest
         from .pool import run_pool
-        from .worker import ACTOR_START, ShardWorker, failed_manifest
 
         res = spec.resources
         threads = actor_threads(spec)

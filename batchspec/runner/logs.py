@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -220,3 +221,8 @@ def configure_worker_logging() -> None:
 
 def log_event(logger: logging.Logger, msg: str, level: int = logging.INFO, **ids) -> None:
     logger.log(level, msg, extra={"batchspec_ids": ids})
+
+
+def worker_id() -> str:
+    """host:pid, the `worker` of manifests, rows and actor starts."""
+    return f"{socket.gethostname()}:{os.getpid()}"

@@ -23,6 +23,7 @@ import json
 import os
 import tempfile
 import uuid
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import fsspec
@@ -417,3 +418,7 @@ def _precondition_failed(e: BaseException) -> bool:
 def _protocols(fs) -> tuple:
     p = fs.protocol
     return p if isinstance(p, tuple) else (p,)
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")

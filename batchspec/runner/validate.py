@@ -47,7 +47,7 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
     import pyarrow.parquet as pq
 
     from .job import JobRefused, check_paths, pick_backend, prepare
-    from .worker import needed_columns
+    from .read import needed_columns
 
     v = Validation()
     try:
@@ -107,7 +107,7 @@ def _repeated_ids(shards: list[Shard], spec: JobSpec) -> list[str]:
     generated and a join of the output back to its input by id then doubles rows."""
     from collections import Counter
 
-    from .worker import ShardReadError, read_shard
+    from .read import ShardReadError, read_shard
 
     first_shard: dict[str, str] = {}
     repeated: dict[str, list[str]] = {}

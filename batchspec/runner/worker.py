@@ -1,8 +1,9 @@
-"""Generate one shard: read, validate, profile, decide, generate in micro-batches, commit.
+"""One shard's work on an actor, stage by stage: read and validate (runner/read.py), decide
+(policy/), generate through the backend (engine/api.py), commit (runner/commit.py).
 
-`process_shard` is a plain function (tests call it without Ray); `ShardWorker` is the thin Ray
-actor around it (runner/pool.py schedules it) that loads the engine once and runs a batch of
-shard descriptors per call.
+ShardRunner keeps what an actor keeps between shards: the backend, the policy with its acceptance
+prior, the costs measured per concurrency, the node's memory. Tests and scripts call it without
+Ray; runner/actor.py is the Ray actor around it.
 """
 
 from __future__ import annotations
@@ -10,17 +11,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
-import hashlib
 import logging
-import os
-import socket
-import string
 import time
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..engine.api import AdaptiveK, FixedK, SamplingParams, row_seed
 from ..errors import error_line
@@ -37,181 +31,16 @@ from ..policy import (
     decode_speedup,
 )
 from ..policy import DecisionKind as Kind
-from ..rates import acceptance_rate
 from ..spec import JobSpec
+from .commit import commit_shard
 from .faults import FaultPlan
-from .logs import log_event
+from .logs import log_event, worker_id
 from .memory import PolicyMemory
 from .plan import Shard
-from .store import OUTPUT_SCHEMA, OutputStore
+from .read import RowInput, ShardReadError, ShardWork, read_shard, validate_rows
+from .store import OUTPUT_SCHEMA, OutputStore, now_iso
 
 log = logging.getLogger("batchspec.worker")
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def prompt_hash(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-@dataclass
-class RowInput:
-    row_index: int
-    id: str
-    prompt: str | None  # None for error rows
-    error: str | None = None
-    token_ids: list[int] = field(default_factory=list)
-
-
-@dataclass
-class ShardWork:
-    """A shard between reading and committing: its rows, the policy's decisions, results so far."""
-
-    shard: Shard
-    base: dict  # manifest fields known at the start
-    attempt: int
-    rows_in: int
-    rows: list[RowInput]  # every input row, in input order (error rows included)
-    valid: list[RowInput]  # rows to generate, shortest prompt first
-    read_s: float
-    profile: LengthProfile | None = None
-    decisions: list = field(default_factory=list)
-    results: dict = field(default_factory=dict)  # row_index -> (Completion, Decision, batch size)
-    done: int = 0  # rows of `valid` generated so far
-    gen_s: float = 0.0  # this shard's share of generation time
-    calibrate_s: float = 0.0  # cost measurement this shard paid for (the first at a new concurrency)
-
-    def completion_tokens(self) -> int:
-        return sum(o.stats.completion_tokens for o, _, _ in self.results.values())
-
-
-class ShardReadError(RuntimeError):
-    """The shard's file cannot be read or lacks a required column: the shard fails, alone."""
-
-
-def read_shard(shard: Shard, spec: JobSpec, columns: list[str] | None = None) -> pa.Table:
-    """The shard's rows (the columns the job needs, or those named), read with pyarrow through fsspec."""
-    import fsspec
-
-    if shard.plan_error:
-        raise ShardReadError(f"{shard.path}: {shard.plan_error}")
-    columns = columns or needed_columns(spec)
-    try:
-        fs, path = fsspec.core.url_to_fs(shard.path, **spec.input.storage_options)
-        with fs.open(path, "rb") as fh:
-            pf = pq.ParquetFile(fh)
-            names = pf.schema_arrow.names
-            missing = [c for c in columns if c not in names]
-            if missing:
-                raise ShardReadError(f"{shard.path}: missing column(s) {missing}; the file has {names}")
-            groups, first_row, cursor = [], None, 0
-            for g in range(pf.metadata.num_row_groups):
-                n = pf.metadata.row_group(g).num_rows
-                if cursor + n > shard.row_start and cursor < shard.row_end:
-                    groups.append(g)
-                    first_row = cursor if first_row is None else first_row
-                cursor += n
-            # One thread: see OutputStore.read_part (a threaded read can abort the process at exit).
-            table = (pf.read_row_groups(groups, columns=columns, use_threads=False) if groups
-                     else pf.schema_arrow.empty_table().select(columns))
-    except ShardReadError:
-        raise
-    except Exception as e:
-        raise ShardReadError(f"{shard.path}: cannot read Parquet: {error_line(e)}") from e
-    if groups:
-        table = table.slice(shard.row_start - first_row, shard.rows)
-    return table
-
-
-def needed_columns(spec: JobSpec) -> list[str]:
-    cols = [spec.input.prompt_column]
-    if spec.input.id_column:
-        cols.append(spec.input.id_column)
-    if spec.input.template:
-        for _, name, _, _ in string.Formatter().parse(spec.input.template):
-            if name and name not in cols:
-                cols.append(name)
-    return cols
-
-
-def validate_rows(table: pa.Table, shard: Shard, spec: JobSpec, tokenizer) -> list[RowInput]:
-    """Turn each input row into a prompt or an error row; never raises for row-level problems."""
-    inp = spec.input
-    rows: list[RowInput] = []
-    seen: dict[str, int] = {}
-    for i, (rec, bad) in enumerate(_records(table)):
-        row_index = shard.row_start + i
-        raw_id = rec.get(inp.id_column) if inp.id_column else f"{shard.shard}:{row_index}"
-        row_id = str(raw_id) if raw_id is not None else f"{shard.shard}:{row_index}"
-        prompt, error = (None, bad) if bad else _prompt_of(rec, spec, tokenizer)
-        if inp.id_column and raw_id is None:
-            error = error or f"null id in column '{inp.id_column}'"
-        if row_id in seen:
-            error = f"duplicate id {row_id!r} (first at row {seen[row_id]})"
-            row_id = f"{row_id}#dup{row_index}"  # keep ids unique in the output; the error says why
-        else:
-            seen[row_id] = row_index
-        rows.append(RowInput(row_index, row_id, None if error else prompt, error))
-    return rows
-
-
-def _records(table: pa.Table) -> list[tuple[dict, str | None]]:
-    """The rows as dicts, each with the problem that makes it an error row (or None).
-
-    pyarrow does not check UTF-8 when a string column is written, and to_pylist raises on the
-    first bad value: that must cost one row, not the shard. Only a table that fails whole is
-    converted cell by cell (a bad cell becomes None and names its column)."""
-    try:
-        return [(rec, None) for rec in table.to_pylist()]
-    except Exception:  # UnicodeDecodeError (or an Arrow error) from some cell
-        pass
-    out = []
-    for i in range(table.num_rows):
-        rec, bad = {}, []
-        for name in table.column_names:
-            try:
-                rec[name] = table.column(name)[i].as_py()
-            except Exception:
-                rec[name] = None
-                bad.append(name)
-        out.append((rec, f"column(s) {', '.join(bad)} not valid UTF-8" if bad else None))
-    return out
-
-
-def _prompt_of(rec: dict, spec: JobSpec, tokenizer) -> tuple[str | None, str | None]:
-    value = rec.get(spec.input.prompt_column)
-    if value is None:
-        return None, "null prompt"
-    if spec.input.format == "chat":
-        # Arrow unifies struct fields across rows, so a malformed message arrives with role/content None.
-        if not isinstance(value, list) or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value):
-            return None, "chat prompt must be a list of {role, content} messages"
-        if not value:
-            return None, "empty chat prompt"
-        try:
-            value = tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=True)
-        except Exception as e:
-            return None, f"chat template failed: {error_line(e)}"
-    elif isinstance(value, bytes):
-        try:
-            value = value.decode("utf-8")
-        except UnicodeDecodeError as e:
-            return None, f"prompt is not valid UTF-8 (byte {e.start})"
-    elif not isinstance(value, str):
-        return None, f"prompt is {type(value).__name__}, not text"
-    if not value.strip():
-        return None, "empty prompt"
-    if spec.input.template:
-        try:
-            fields = {k: ("" if v is None else v) for k, v in rec.items()}
-            fields[spec.input.prompt_column] = value
-            value = spec.input.template.format(**fields)
-        except (KeyError, IndexError, ValueError) as e:
-            return None, f"prompt template failed: {e}"
-    return value, None
 
 
 class ShardRunner:
@@ -360,7 +189,8 @@ class ShardRunner:
         works = [w for w in works if w.shard.shard not in out]
         for w in works:
             try:
-                out[w.shard.shard] = self._commit(w)
+                out[w.shard.shard] = commit_shard(w, self.store, self.engine, self.job_id, self.worker,
+                                                  self.backend_note, self.policy.costs)
             except Exception as e:
                 out[w.shard.shard] = self._failed(w.shard, e)
         if self.memory is not None and works:
@@ -716,131 +546,3 @@ class ShardRunner:
             log_event(log, f"policy: {decision.reason}", job=self.job_id, shard=work.shard.shard, at_row=work.done)
         return decision
 
-    def _commit(self, work: ShardWork) -> dict:
-        shard, rows_in = work.shard, work.rows_in
-        rows_out = [self._row(shard, r, work.results.get(r.row_index), work.attempt) for r in work.rows]
-        t1 = time.perf_counter()
-        try:
-            part = self.store.write_part(shard.shard, pa.Table.from_pylist(rows_out, schema=OUTPUT_SCHEMA))
-        except Exception as e:
-            raise RuntimeError(f"cannot write {self.store.url}/{self.store.part_name(shard.shard)}: "
-                               f"{error_line(e)}") from e
-        t_write = time.perf_counter() - t1
-        tokens = {key: sum(r[key] for r in rows_out) for key in
-                  ("prompt_tokens", "completion_tokens", "draft_tokens", "accepted_tokens", "spec_rounds")}
-        manifest = {
-            **work.base, "status": "done", "backend": self.engine.name,
-            **({"backend_note": self.backend_note} if self.backend_note else {}), "rows_in": rows_in, "rows_out": part["rows"],
-            "part": part["part"], "part_bytes": part["bytes"], "error_rows": sum(r["finish_reason"] == "error" for r in rows_out),
-            "error_kinds": _count_errors(rows_out), "tokens": tokens, "decisions": [d.to_json() for d in work.decisions],
-            "timings": {"read_s": work.read_s, "calibrate_s": work.calibrate_s, "generate_s": work.gen_s,
-                        "write_s": t_write, "total_s": work.read_s + work.calibrate_s + work.gen_s + t_write},
-            "costs": self.policy.costs.__dict__ if self.policy.costs else None, "finished_at": now_iso(),
-        }
-        self.store.write_manifest(shard.shard, manifest)
-        log_event(log, "shard done", job=self.job_id, shard=shard.shard, rows=manifest["rows_out"],
-                  error_rows=manifest["error_rows"], completion_tokens=tokens["completion_tokens"],
-                  seconds=round(manifest["timings"]["total_s"], 2))
-        for r in rows_out_errors(rows_out):
-            log_event(log, f"error row: {r['error']}", logging.WARNING, job=self.job_id, shard=shard.shard,
-                      row=r["id"], prompt_sha256=r["prompt_sha256"])
-        return manifest
-
-    def _row(self, shard: Shard, r: RowInput, result, attempt: int) -> dict:
-        e = self.engine
-        base = {"id": r.id, "shard": shard.shard, "row_index": r.row_index, "attempt": attempt, "worker": self.worker,
-                "target_model": e.target_source, "prompt_sha256": prompt_hash(r.prompt) if r.prompt else None,
-                "prompt_tokens": len(r.token_ids)}
-        if result is None:
-            return {**base, "completion": None, "finish_reason": "error", "error": r.error, "completion_tokens": 0,
-                    "spec_enabled": False, "draft_kind": None, "num_speculative_tokens": None, "draft_tokens": 0,
-                    "accepted_tokens": 0, "spec_rounds": 0, "acceptance_rate": None, "ttft_s": 0.0, "latency_s": 0.0,
-                    "batch_size": 0, "draft_model": None}
-        out, decision, batch_size = result
-        s = out.stats
-        # A vllm call that measured speculative steps and then kept plain ones: its rows were drafted for.
-        on = decision.speculate or s.draft_tokens > 0
-        k = decision.k if decision.speculate else decision.numbers.get("k")
-        return {**base, "completion": out.text, "finish_reason": s.finish_reason, "error": None,
-                "completion_tokens": s.completion_tokens, "spec_enabled": on, "draft_kind": e.draft_kind if on else None,
-                "num_speculative_tokens": k if on else None, "draft_tokens": s.draft_tokens,
-                "accepted_tokens": s.accepted_tokens, "spec_rounds": s.spec_rounds,
-                "acceptance_rate": acceptance_rate(s.accepted_tokens, s.draft_tokens) if on else None,
-                "ttft_s": s.ttft_s, "latency_s": s.latency_s, "batch_size": batch_size,
-                "draft_model": e.draft_source if on else None}
-
-
-def rows_out_errors(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if r["finish_reason"] == "error"]
-
-
-def _count_errors(rows: list[dict]) -> dict:
-    counts: dict[str, int] = {}
-    for r in rows_out_errors(rows):
-        kind = r["error"].split(" (")[0].split(";")[0]
-        kind = "duplicate id" if kind.startswith("duplicate id") else kind
-        kind = "prompt too long" if kind.startswith("prompt has") else kind
-        counts[kind] = counts.get(kind, 0) + 1
-    return counts
-
-
-class ShardWorker:
-    """A shard actor (runner/pool.py): one engine per actor; each call runs a batch of shards."""
-
-    def __init__(self, spec_json: str, job_id: str, threads: int = 0, backend: str | None = None):
-        from .logs import configure_worker_logging
-
-        started = time.perf_counter()
-        configure_worker_logging()
-        # vLLM logs at INFO through its own handler; follow batchspec's level (--quiet = WARNING).
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", os.environ.get("BATCHSPEC_LOG_LEVEL", "INFO"))
-        # ... and to stdout, which --worker-logs forwards to the driver's stdout: 45 raw lines per
-        # demo run there beside --log-format json's records on stderr. On stderr they are records too.
-        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-        from ..engine.api import ModelLoadError
-
-        self.runner, self.load_error = None, None
-        try:
-            self.runner = ShardRunner(JobSpec.model_validate_json(spec_json), job_id, backend=backend)
-            # The engine that runs, not the one asked for: auto falls back to hf when vLLM cannot
-            # serve the model. vLLM binds its own CPU threads.
-            if threads and self.runner.engine.name == "hf":
-                import torch
-
-                torch.set_num_threads(threads)
-        except ModelLoadError as e:
-            # Raising here would make Ray restart the actor forever and end in a page of
-            # ActorDiedError; every shard this actor gets fails with the reason instead.
-            self.load_error = f"model could not be loaded: {e}"
-            log_event(log, self.load_error, logging.ERROR, job=job_id)
-        # Start-up, told to the driver with this actor's first call (job.py, run record "startup"):
-        # the engine load, vLLM's import included; ready_at: when it could generate, in Unix time.
-        self.start: dict | None = {"worker": worker_id(),
-                                   "load_s": round(time.perf_counter() - started, 3), "ready_at": time.time()}
-
-    def run(self, batch: list[dict]) -> list[dict]:
-        """Shard descriptors (Shard.to_json) in; one manifest per shard out, in order. The first
-        call of each actor (a restarted one included: it loaded again) carries the actor's start-up
-        in its first manifest's ACTOR_START key, which the driver takes out."""
-        shards = [Shard.from_json(s) for s in batch]
-        if self.runner is None:
-            out = [failed_manifest(s.shard, self.load_error) for s in shards]
-        else:
-            out = self.runner.run_many(shards)
-        if self.start is not None and out:
-            out[0] = {**out[0], ACTOR_START: self.start}
-            self.start = None
-        return out
-
-
-def worker_id() -> str:
-    """host:pid, the `worker` of manifests, rows and actor starts."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-ACTOR_START = "actor_start"  # not a manifest field: what ShardWorker.run adds for the driver
-
-
-def failed_manifest(shard: str, error: str) -> dict:
-    """What the driver hears of a shard no actor could run (the shard's own manifest, if any, is read after)."""
-    return {"shard": shard, "status": "failed", "error": error}
