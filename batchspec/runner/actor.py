@@ -32,7 +32,8 @@ class ShardWorker:
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         from ..engine.api import ModelLoadError
 
-        self.runner, self.load_error = None, None
+        self.runner: ShardRunner | None = None
+        self.load_error = "model could not be loaded"  # its reason, set below when it happens
         try:
             self.runner = ShardRunner(JobSpec.model_validate_json(spec_json), job_id, backend=backend)
             # The engine that runs, not the one asked for: auto falls back to hf when vLLM cannot

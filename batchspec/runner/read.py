@@ -87,7 +87,7 @@ def read_shard(shard: Shard, spec: JobSpec, columns: list[str] | None = None) ->
         raise
     except Exception as e:
         raise ShardReadError(f"{shard.path}: cannot read Parquet: {error_line(e)}") from e
-    if groups:
+    if groups and first_row is not None:  # first_row: where the first group read starts
         table = table.slice(shard.row_start - first_row, shard.rows)
     return table
 
