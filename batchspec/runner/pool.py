@@ -8,12 +8,11 @@ Why plain Ray actors and not Ray Data (v1's map_batches over a dataset of shard 
 a shard is read, profiled, decided, generated and committed inside one call, so the only thing
 the driver needs is "send this batch to a free actor, tell me when it is done"; Ray core already
 restarts a killed actor and retries its call (max_restarts, max_task_retries), on another node if
-its node is gone. What Ray Data added on top was fixed cost: `import ray.data` on the driver
-(0.5-0.8 s before ray.init), and three helper actors (stats, autoscaling coordinator, actor
-locations), each a Python process importing Ray while the shard actor imports vLLM and loads the
-engine on the same cores. Demo job on the vllm backend, 2 cores, interleaved: whole job 18.1-19.4 s
-through Ray Data against 16.0-17.6 s on this pool, generation equal within noise
-(docs/benchmarks.md).
+its node is gone. What Ray Data added on top was fixed cost: `import ray.data` on the driver,
+and three helper actors (stats, autoscaling coordinator, actor locations), each a Python process
+importing Ray while the shard actor imports vLLM and loads the engine on the same cores
+(docs/history/benchmarks-log.md). Issue 40 moves the runner back onto Ray Data, with that cost
+measured against what it gives at scale.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ def run_pool(worker_cls: type, batches: list[list[Any]], size: int, actor_option
     import ray
 
     options = {"max_restarts": -1, "max_task_retries": ATTEMPTS - 1, **actor_options}
-    remote_cls = ray.remote(worker_cls).options(**options)
+    remote_cls: Any = ray.remote(worker_cls).options(**options)
     todo = deque(batches)
     idle = [remote_cls.remote(**init_kwargs) for _ in range(min(size, len(batches)))]
     running: dict[Any, tuple[Any, list[Any]]] = {}  # call ref -> (actor, batch)

@@ -338,9 +338,13 @@ class OutputStore:
             return False
         return self.part_info(shard, manifest) is not None
 
-    def shard_done(self, shard: Shard, manifest: dict | None) -> bool:
-        """Committed, with as many rows as the shard's input has now (what a run need not redo)."""
-        return self.committed(shard.shard, manifest) and shard.has_every_row(manifest)
+    def shard_done(self, shard: Shard, manifest: dict | None, spec_hash: str | None = None) -> bool:
+        """What a run need not redo: committed, with as many rows as the shard's input has now, and,
+        given the spec hash, written by this spec from this input. The one answer to "is this shard
+        done" for runs; readers without the input (report, status) ask `committed`."""
+        if spec_hash is not None and shard.is_stale(manifest, spec_hash):
+            return False
+        return self.committed(shard.shard, manifest) and shard.has_every_row(manifest or {})
 
     def _part_of(self, shard: str, manifest: dict | None) -> str:
         """Where the shard's part is: the name its manifest records (an output written before
@@ -401,7 +405,7 @@ def _local_tag(path: str) -> str | None:
     return None if data is None else _bytes_tag(data)
 
 
-def _precondition_failed(e: BaseException) -> bool:
+def _precondition_failed(e: BaseException | None) -> bool:
     """An S3 conditional write refused (HTTP 412), as s3fs raises it: an OSError over botocore's
     ClientError with the code PreconditionFailed."""
     for _ in range(8):  # down the exception's chain

@@ -8,11 +8,15 @@ output path against the input and against an existing job there.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..errors import error_line
 from ..spec import JobSpec
 from .plan import PlanError, Shard, plan_shards
 from .preflight import resolve_models
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @dataclass
@@ -58,7 +62,7 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
         v.shards = plan_shards(spec.input.path, spec.input.storage_options, spec.input.max_rows_per_shard)
     except PlanError as e:
         v.problems.append(str(e))
-    schemas: dict[str, list] = {}
+    schemas: dict[str, pa.Schema] = {}
     for s in v.shards:
         if s.plan_error:
             v.problems.append(f"shard {s.shard}: {s.plan_error}")
@@ -109,13 +113,16 @@ def _repeated_ids(shards: list[Shard], spec: JobSpec) -> list[str]:
 
     from .read import ShardReadError, read_shard
 
+    id_column = spec.input.id_column
+    if id_column is None:  # ids are made from shard and row: unique by construction
+        return []
     first_shard: dict[str, str] = {}
     repeated: dict[str, list[str]] = {}
     within: dict[str, tuple[str, int]] = {}  # shard -> (an id repeated in it, rows that will be errors)
     nulls: dict[str, int] = {}
     for s in shards:
         try:
-            ids = read_shard(s, spec, [spec.input.id_column]).column(0).to_pylist()
+            ids = read_shard(s, spec, [id_column]).column(0).to_pylist()
         except ShardReadError:  # that shard fails on its own when it runs
             continue
         counts = Counter(str(x) for x in ids if x is not None)

@@ -73,9 +73,9 @@ class ShardRunner:
                 engine = load("hf")
         self.engine = engine  # a backend: engine.Engine (hf) or vllm_backend.VLLMBackend
         self.store = OutputStore(spec.output.path, spec.output.storage_options)
-        # pyarrow imports pandas and pyarrow.compute on its first conversion (0.15-0.29 s here). Done
-        # in the first shard's commit, it doubled that shard's total_s on the demo job, which the
-        # report then listed as the slowest and costliest shard; it is start-up.
+        # pyarrow imports pandas and pyarrow.compute on its first conversion. Done in the first
+        # shard's commit, that import made it the slowest and costliest shard in the report; it is
+        # start-up, so it happens here.
         pa.Table.from_pylist([], schema=OUTPUT_SCHEMA)
         sp = spec.speculation
         mode = "off" if m.draft.kind == "none" else sp.mode
@@ -216,7 +216,7 @@ class ShardRunner:
         commit, or a run that planned while the run it forced away still committed. Such a shard
         is not generated again."""
         previous = self.store.read_json(self.store.manifest_path(shard.shard)) or {}
-        done = not shard.is_stale(previous, self.spec.output_hash()) and self.store.shard_done(shard, previous)
+        done = self.store.shard_done(shard, previous, self.spec.output_hash())
         if done:
             log_event(log, "shard already committed, not generated again", job=self.job_id, shard=shard.shard,
                       by=previous.get("job_id"))
@@ -291,11 +291,9 @@ class ShardRunner:
         policy takes for all their rows together. vLLM sets k per engine step for every row it
         runs, so a call split by decision ran its parts one after the other, each at a fraction
         of the call's concurrency. On a GPU a decode step costs about as much for 48 rows as for
-        96, so that can double the call's time; on this CPU, where a step costs in proportion to
-        its rows, the split itself measured free, and what the mixed job lost (1.39 s against
-        1.30 s for one plain call, bench_vllm.py --split) was its short shards' "on" at a
-        predicted 1.07x, a decision the call as a whole does not take (docs/policy.md). The cost
-        model is linear in prompt and new tokens, so the rows' mean profile predicts their sum."""
+        96, so that can double the call's time (docs/policy.md; issue 39 replaces this with each
+        shard's own decision inside one continuous batch). The cost model is linear in prompt and
+        new tokens, so the rows' mean profile predicts their sum."""
         if len({(d.speculate, d.k) for _, d in decided}) < 2 or self.policy.costs is None:
             return decided
         left = [(w, w.valid[w.done:]) for w, _ in decided]
@@ -402,9 +400,9 @@ class ShardRunner:
     def _probe(self, work: ShardWork, decision: Decision, tokens: int = 16) -> None:
         """vllm: measure acceptance with a short look (the first batch_size rows, `tokens` new tokens
         each, speculating at the probe's k), then discard it; the rows are generated in full with the
-        decision it informs. A full-length probe would cost a whole low-concurrency call: on the demo
-        job, 0.3 s of a 1.2 s generation. Greedy rows come out the same; seeded sampled rows too,
-        since vLLM seeds each request."""
+        decision it informs. A full-length probe would cost a whole low-concurrency call, a
+        quarter of the demo job's generation. Greedy rows come out the same; seeded sampled rows
+        too, since vLLM seeds each request."""
         rows = work.valid[:self.spec.resources.batch_size]
         self._call(rows, tokens, True, decision.k)
         decision.look = Look(tokens, len(rows))
@@ -422,9 +420,9 @@ class ShardRunner:
         measured = draft_length.acceptance() if isinstance(draft_length, StepArms) else {}
         if measured:
             # vLLM: the acceptance the cost model needs is what the call's steps delivered
-            # (policy.acceptance_for), not the drafts' hit rate. An n-gram draft that often proposes
-            # nothing hit 0.49 of what it proposed on the 104M job; from that the model predicted
-            # 1.15x for k=4 where the steps ran at 0.87x the speed of plain ones.
+            # (policy.acceptance_for), not the drafts' hit rate: an n-gram draft that often proposes
+            # nothing has a fair hit rate on what it proposes, and from that the model predicted a
+            # speedup where its steps ran slower than plain ones.
             trials = sum(t.accepted + t.rejections for t in res.rounds)
             for alpha in measured.values():
                 self.policy.prior.observe(alpha * trials, (1 - alpha) * trials)
