@@ -398,7 +398,7 @@ print("RESULT" + json.dumps({"times": time_calls(calls, repeats), "rows": [len(l
 
 
 def split_cost(job: Path, repeats: int) -> dict:
-    """What running a call's shards as two calls costs (runner/worker.py, _one_decision_per_call):
+    """What running a call's shards as two calls costs (policy/planner.py, ActorPolicy.joint):
     the mixed job's long and short shards in one call against one call each, one after the
     other, on one engine in one process, calls interleaved."""
     from batchspec.spec import load_spec

@@ -649,7 +649,7 @@ def test_a_second_run_on_vllm_starts_from_remembered_costs(vllm_backend, tmp_pat
     assert all(m["decisions"][0]["reason"].startswith("on (measuring)") for m in first.run_many(shards))
     spec = first.spec.model_copy(update={"output": first.spec.output.model_copy(update={"path": str(tmp_path / "out2")})})
     second = ShardRunner(spec, "night-2", engine=vllm_backend)
-    assert second.costs_by_batch.keys() == first.costs_by_batch.keys() and second.policy.prior.estimate is not None
+    assert second.planner.costs_by_batch.keys() == first.planner.costs_by_batch.keys() and second.policy.prior.estimate is not None
     manifests = second.run_many(shards)
     for m in manifests:
         (d,) = m["decisions"]
@@ -684,7 +684,7 @@ def test_a_decided_call_whose_rows_draft_badly_turns_plain_mid_call(vllm_backend
     pq.write_table(pa.Table.from_pylist(noise), inp / "noise.parquet")
     spec = spec.model_copy(update={"input": spec.input.model_copy(update={"path": str(inp)})})
     runner = ShardRunner(spec, "job-noise", engine=vllm_backend)
-    runner.costs_by_batch[32] = Costs.from_steps(32, {0: 0.010, 4: 0.020}, 1e-6)  # 48 rows run at concurrency 32
+    runner.planner.costs_by_batch[32] = Costs.from_steps(32, {0: 0.010, 4: 0.020}, 1e-6)  # 48 rows run at concurrency 32
     runner.policy.prior.observe(58, 6)
     (m,) = runner.run_many(plan_shards(spec.input.path))
     decided, stopped = m["decisions"]
@@ -754,7 +754,7 @@ def test_an_off_from_an_earlier_runs_acceptance_is_checked_and_turns_on_when_it_
     spec = _demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto")
     mem = _remember(spec, (20.0, 64.0), recheck=(1, 1))  # a run off from it has passed: due
     runner = ShardRunner(spec, "night-1", engine=vllm_backend)
-    assert runner.recheck and runner.policy.prior.estimate < 0.35
+    assert runner.planner.recheck and runner.policy.prior.estimate < 0.35
     manifests = runner.run_many(plan_shards(spec.input.path))
     for m in manifests:
         (d,) = m["decisions"]  # not turned plain: the check held
@@ -764,7 +764,7 @@ def test_an_off_from_an_earlier_runs_acceptance_is_checked_and_turns_on_when_it_
                                                   key=lambda r: r["row_index"])]
     assert [r["completion"] for r in rows] == hf_reference[1]
     assert all(r["spec_enabled"] and r["draft_tokens"] > 0 for r in rows)
-    assert runner.policy.prior.estimate > 0.6 and not runner.recheck
+    assert runner.policy.prior.estimate > 0.6 and not runner.planner.recheck
     assert json.loads(mem.job_path.read_text())["recheck"] == {"skipped": 0, "confirmed": 0}
 
 
@@ -814,7 +814,7 @@ def test_shards_whose_own_decisions_differ_share_one_call_under_their_joint_deci
     pq.write_table(pa.Table.from_pylist([r | {"contract": " ".join([r["contract"]] * 3)} for r in long]),
                    inp / f"{SHARDS[1]}.parquet")
     runner = ShardRunner(spec, "job-mixed", engine=vllm_backend)
-    runner.costs_by_batch[32] = Costs.from_steps(32, {0: 0.010, 4: 0.020}, 1e-6, 0.001)  # 48 rows: concurrency 32
+    runner.planner.costs_by_batch[32] = Costs.from_steps(32, {0: 0.010, 4: 0.020}, 1e-6, 0.001)  # 48 rows: concurrency 32
     runner.policy.prior.observe(58, 6)  # acceptance 0.91
     runner.policy.new_tokens_seen.extend([30] * 8)
     calls = []
@@ -892,7 +892,7 @@ def test_a_call_of_more_rows_than_vllm_runs_at_once_measures_on_its_first_rows(v
     assert manifests[0]["decisions"][1] == manifests[1]["decisions"][1]
     rows = [r for m in manifests for r in sorted(runner.store.read_part(m["shard"]).to_pylist(),
                                                   key=lambda r: r["row_index"])]
-    costs, mean = runner.costs_by_batch.get(256), lambda key: sum(r[key] for r in rows) / len(rows)
+    costs, mean = runner.planner.costs_by_batch.get(256), lambda key: sum(r[key] for r in rows) / len(rows)
     if costs is not None:
         assert 0 < costs.prefill_token_s * mean("prompt_tokens") < 4 * costs.target_step_s * mean("completion_tokens")
     monkeypatch.undo()

@@ -50,6 +50,10 @@ class ShardWork:
     gen_s: float = 0.0  # this shard's share of generation time
     calibrate_s: float = 0.0  # cost measurement this shard paid for (the first at a new concurrency)
 
+    def pending_prompt_lengths(self) -> list[int]:
+        """Prompt lengths of the rows not yet generated (policy.planner.ShardProgress)."""
+        return [len(r.token_ids) for r in self.valid[self.done:]]
+
     def completion_tokens(self) -> int:
         return sum(o.stats.completion_tokens for o, _, _ in self.results.values())
 

@@ -8,7 +8,6 @@ Ray; runner/actor.py is the Ray actor around it.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gc
 import logging
@@ -16,11 +15,10 @@ import time
 
 import pyarrow as pa
 
-from ..engine.api import AdaptiveK, FixedK, SamplingParams, row_seed
+from ..engine.api import DraftLength, SamplingParams, row_seed
 from ..errors import error_line
 from ..policy import (
-    Alone,
-    CallShare,
+    ActorPolicy,
     CostModelK,
     Costs,
     Decision,
@@ -28,7 +26,6 @@ from ..policy import (
     Look,
     Policy,
     StepArms,
-    decode_speedup,
 )
 from ..policy import DecisionKind as Kind
 from ..spec import JobSpec
@@ -81,26 +78,25 @@ class ShardRunner:
         mode = "off" if m.draft.kind == "none" else sp.mode
         # vLLM with one engine: costs come from the steps of real calls (policy.StepArms), no calibration.
         measure_in_call = mode == "auto" and engine.learns_costs
-        self.policy = Policy(mode, k_default=sp.num_speculative_tokens, k_max=max(8, sp.num_speculative_tokens),
-                             measure_in_call=measure_in_call)
+        # The actor's decisions, and the state they rest on (policy/planner.py).
+        self.planner = ActorPolicy(Policy(mode, k_default=sp.num_speculative_tokens,
+                                          k_max=max(8, sp.num_speculative_tokens), measure_in_call=measure_in_call))
+        self.policy = self.planner.policy
         self.calibrate = mode == "auto" and calibrate and not measure_in_call
-        self.costs_by_batch: dict[int, Costs] = {}  # measured (or learned) per concurrency on this actor
         # What earlier runs measured on this node (runner/memory.py): the first call need not measure.
         self.memory = PolicyMemory.for_spec(spec, engine.name) if mode == "auto" else None
-        self.remembered = None  # "job ... at ...", while the decisions rest on remembered numbers
-        self.recheck = False  # check a remembered "off" in the next call (memory.Recheck)
-        self.outcome: str | None = None  # what this run found about acceptance, for memory.Recheck.after
         if self.memory is not None:
-            costs, prior, new_tokens, self.remembered = self.memory.load()
-            self.costs_by_batch.update(costs)
+            plan = self.planner
+            costs, prior, new_tokens, plan.remembered = self.memory.load()
+            plan.costs_by_batch.update(costs)
             self.policy.prior = prior or self.policy.prior
             self.policy.new_tokens_seen.extend(new_tokens)
             # On vllm a call decided "off" runs plain and observes no acceptance, so an "off" that
             # rests on a remembered acceptance is checked in this run's first call when due.
-            self.recheck = prior is not None and self.learns_costs and self.memory.recheck.due()
-            if self.remembered:
+            plan.recheck = prior is not None and self.learns_costs and self.memory.recheck.due()
+            if plan.remembered:
                 a = self.policy.prior.estimate
-                log_event(log, f"policy: starting from what {self.remembered} measured on this node (costs at "
+                log_event(log, f"policy: starting from what {plan.remembered} measured on this node (costs at "
                           f"concurrency {', '.join(map(str, sorted(costs))) or 'none'}, acceptance "
                           f"{'unknown' if a is None else f'{a:.2f}'})", job=job_id)
         self.worker = worker_id()
@@ -109,7 +105,7 @@ class ShardRunner:
     @property
     def learns_costs(self) -> bool:
         """The policy's costs come from the steps of real calls (the policy measures in the call)."""
-        return self.policy.measure_in_call
+        return self.planner.learns_costs
 
     def concurrency(self, rows: int) -> int:
         """Rows the backend runs at once for this shard: the micro-batch (hf), or the shard up to
@@ -123,33 +119,23 @@ class ShardRunner:
         """Give the policy costs measured at this shard's concurrency, on a sample of its prompts;
         returns the seconds spent measuring (0 when already known), which the manifest reports and
         the cost report counts."""
+        known = self.planner.costs_by_batch
         if self.learns_costs:  # what earlier calls at this concurrency measured, if any
-            self.policy.costs = self.costs_by_batch.get(self.concurrency(rows)) if rows else None
+            self.policy.costs = known.get(self.concurrency(rows)) if rows else None
             return 0.0
         if not self.calibrate or rows == 0:
             return 0.0
         b, t0 = self.concurrency(rows), time.perf_counter()
-        measured = b not in self.costs_by_batch
+        measured = b not in known
         if measured:
-            self.costs_by_batch[b] = Costs(**self.engine.measure_costs(b, sample))
-        self.policy.calibrate(self.costs_by_batch[b])
+            known[b] = Costs(**self.engine.measure_costs(b, sample))
+        self.policy.calibrate(known[b])
         return time.perf_counter() - t0 if measured else 0.0
 
-    def draft_length(self, k: int, rows: int = 0, strict: bool = False):
-        if self.learns_costs:  # vllm: k per engine step; plain steps measured too while costs are unknown
-            costs = self.costs_by_batch.get(self.concurrency(rows))
-            if costs is None:
-                return StepArms((k, 0), strict=strict)
-            # Decided from known costs: the call still checks the acceptance its own steps deliver.
-            return StepArms((k,), guard=lambda alpha: decode_speedup(alpha, k, costs.c, costs.v(k)))
-        if not self.engine.per_round_k:  # vllm: k is set per call, by the policy between blocks
-            return FixedK(k)
-
-        if self.spec.speculation.adaptive and self.policy.costs is not None:
-            return CostModelK(self.policy, k)
-        if self.spec.speculation.adaptive:
-            return AdaptiveK(k=k)
-        return FixedK(k)
+    def draft_length(self, k: int, rows: int = 0, strict: bool = False) -> DraftLength | StepArms:
+        """The rule that picks k inside a speculative call over `rows` rows (ActorPolicy.draft_length)."""
+        return self.planner.draft_length(k, self.concurrency(rows), self.engine.per_round_k,
+                                         self.spec.speculation.adaptive, strict)
 
     def run(self, shard: Shard) -> dict:
         """Process one shard and commit it; returns the shard manifest (also written to the store)."""
@@ -194,9 +180,9 @@ class ShardRunner:
             except Exception as e:
                 out[w.shard.shard] = self._failed(w.shard, e)
         if self.memory is not None and works:
-            p = self.policy
-            self.memory.save(self.costs_by_batch, p.prior, p.new_tokens_seen, self.job_id, self.outcome)
-            self.remembered = None  # from here on the decisions rest on this run's own measurements too
+            p, plan = self.policy, self.planner
+            self.memory.save(plan.costs_by_batch, p.prior, p.new_tokens_seen, self.job_id, plan.outcome)
+            plan.remembered = None  # from here on the decisions rest on this run's own measurements too
         return [out[s.shard] for s in shards]
 
     def _failed(self, shard: Shard, e: Exception) -> dict:
@@ -260,84 +246,12 @@ class ShardRunner:
 
     def _decide(self, work: ShardWork, batches_off: int = 0) -> Decision:
         """The policy's next decision for this shard, recorded (and logged when it changes)."""
+        assert work.profile is not None  # profiled when opened
         work.profile.expected_new_tokens = self.expected_new(work)
-        last = work.decisions[-1] if work.decisions else None
-        # A probe is not "on" for the hysteresis: after it, speculation must earn 1 + margin to stay on.
-        state = None if last is None or last.probes else last.speculate
-        d = self._mark_remembered(self.policy.decide(work.profile, state, batches_off, at_row=work.done))
-        if last is None or d.speculate != last.speculate or d.k != last.k or last.probes:
-            work.decisions.append(d)
-            if last is not None:
-                log_event(log, f"policy: {d.reason}", job=self.job_id, shard=work.shard.shard, at_row=work.done)
+        d, changed = self.planner.decide(work, batches_off)
+        if changed:
+            log_event(log, f"policy: {d.reason}", job=self.job_id, shard=work.shard.shard, at_row=work.done)
         return d
-
-    def _mark_remembered(self, d: Decision) -> Decision:
-        """A decision taken on remembered numbers says so (its reason renders where they came from),
-        and, when it is off for an earlier run's acceptance, is one _check_remembered may turn into
-        a check."""
-        if self.remembered and not d.speculate and d.alpha is not None and self.learns_costs:
-            d.rests_on_remembered_acceptance = True
-        if self.remembered and self.policy.costs is not None:
-            d.remembered = self.remembered
-        return d
-
-    @staticmethod
-    def _replace_decision(work: ShardWork, old: Decision, new: Decision) -> None:
-        """Record `new` in the shard's decisions where `_decide` recorded `old` (the call runs under new)."""
-        work.decisions = [new if x is old else x for x in work.decisions]
-
-    def _one_decision_per_call(self, decided: list[tuple[ShardWork, Decision]]) -> list[tuple[ShardWork, Decision]]:
-        """vllm: shards whose own decisions differ still share one call, under the decision the
-        policy takes for all their rows together. vLLM sets k per engine step for every row it
-        runs, so a call split by decision ran its parts one after the other, each at a fraction
-        of the call's concurrency. On a GPU a decode step costs about as much for 48 rows as for
-        96, so that can double the call's time (docs/policy.md; issue 39 replaces this with each
-        shard's own decision inside one continuous batch). The cost model is linear in prompt and
-        new tokens, so the rows' mean profile predicts their sum."""
-        if len({(d.speculate, d.k) for _, d in decided}) < 2 or self.policy.costs is None:
-            return decided
-        left = [(w, w.valid[w.done:]) for w, _ in decided]
-        n = sum(len(rows) for _, rows in left)
-        profile = LengthProfile([len(r.token_ids) for _, rows in left for r in rows],
-                                sum(w.profile.expected_new_tokens * len(rows) for w, rows in left) / n)
-        joint = self.policy.decide(profile, None)
-        out = []
-        for w, d in decided:
-            share = CallShare(n, len(decided), Alone(d.speculate, d.k, d.predicted_speedup))
-            together = self._mark_remembered(
-                dataclasses.replace(joint, at_row=d.at_row, numbers=dict(joint.numbers), call=share))
-            self._replace_decision(w, d, together)
-            out.append((w, together))
-        return out
-
-    def _check_remembered(self, decided: list[tuple[ShardWork, Decision]]) -> list[tuple[ShardWork, Decision]]:
-        """vllm: the decisions of a call's shards, with an "off" that rests on an earlier run's
-        acceptance turned into a check when one is due (memory.Recheck): the call speculates
-        until its own steps say whether that acceptance still holds (_checking_rule). Only when
-        every shard of the call is off for that reason, so the check never splits a call, and
-        when costs are known at the call's concurrency, so it is judged, not measured."""
-        offs = [d for _, d in decided if d.rests_on_remembered_acceptance]
-        if not offs:
-            return decided
-        rows = sum(len(w.valid) - w.done for w, _ in decided)
-        if not (self.recheck and len(offs) == len(decided) and self.concurrency(rows) in self.costs_by_batch):
-            self._found("skipped")
-            return decided
-        out = []
-        for w, d in decided:
-            check = Decision(Kind.CHECKING, True, d.numbers["k"], f"the remembered {d.body()}; this call speculates "
-                             "until its own steps show whether that still holds", d.predicted_speedup, d.alpha,
-                             d.at_row, d.to_json()["numbers"], remembered=self.remembered)
-            self._replace_decision(w, d, check)
-            out.append((w, check))
-        return out
-
-    def _found(self, outcome: str) -> None:
-        """Note what this run found about acceptance; a measurement outranks a skipped check, and
-        speculation that paid outranks both (memory.Recheck.after)."""
-        rank = {None: 0, "skipped": 1, "off": 2, "on": 3}
-        if rank[outcome] > rank[self.outcome]:
-            self.outcome = outcome
 
     def _generate(self, work: ShardWork) -> None:
         """One shard alone. hf: micro-batches of batch_size, re-deciding after each. vllm: the rest of
@@ -350,7 +264,8 @@ class ShardRunner:
             decision = self._decide(work, off_batches)
             whole = self.engine.whole_shard_calls
             if whole:
-                ((_, decision),) = self._check_remembered([(work, decision)])
+                ((_, decision),) = self.planner.check_remembered([(work, decision)],
+                                                                 self.concurrency(len(work.valid) - work.done))
             if whole and decision.probes:
                 self._probe(work, decision)
                 continue
@@ -380,8 +295,9 @@ class ShardRunner:
                 self._probe(first, decision)
                 spent[id(first)] = time.perf_counter() - t0
         groups: dict[tuple, list] = {}
-        decided = self._one_decision_per_call([(w, self._decide(w)) for w in works if w.done < len(w.valid)])
-        for w, d in self._check_remembered(decided):
+        decided = self.planner.joint([(w, self._decide(w)) for w in works if w.done < len(w.valid)])
+        rows_left = sum(len(w.valid) - w.done for w, _ in decided)
+        for w, d in self.planner.check_remembered(decided, self.concurrency(rows_left)):
             groups.setdefault((d.speculate, d.k), []).append((w, d))
         for members in groups.values():
             t0 = time.perf_counter()
@@ -461,24 +377,20 @@ class ShardRunner:
         return self._run_block(batch, decision, rule)
 
     def _checking_rule(self, decision: Decision, batch: list[tuple[ShardWork, RowInput]]) -> StepArms:
-        """The rule of a call that checks a remembered "off": k from the start, and once its clean
-        steps have made guard_passes row passes, plain for the rest unless the acceptance they
-        delivered makes the decision's own prediction (prefill included, for these rows) earn
-        1 + margin, as any "off" must to turn on. Where the remembered acceptance still holds,
-        the check costs the draft's prefill and a few speculative steps at it."""
-        costs = self.costs_by_batch[self.concurrency(len(batch))]
+        """ActorPolicy.checking_rule for the rows of this call."""
         expected = sum(w.profile.expected_new_tokens for w, _ in batch) / len(batch)  # by the rows in this call
         profile = LengthProfile([len(r.token_ids) for _, r in batch], expected)
-        k = decision.k
-        return StepArms((k,), guard=lambda alpha: self.policy.predict(profile, alpha, k, costs),
-                        threshold=1.0 + self.policy.margin)
+        return self.planner.checking_rule(decision, profile, self.concurrency(len(batch)))
 
     def _run_block(self, batch: list[tuple[ShardWork, RowInput]], decision: Decision, rule) -> Decision:
         """The engine call itself under a draft-length rule; what the rows ran under is returned."""
         outs = self._call([r for _, r in batch], self.spec.generation.max_new_tokens, decision.speculate, rule)
         self.policy.observe_rows([o.stats.completion_tokens for o in outs if o.error is None])
         if isinstance(rule, StepArms):
-            decision = self._learn(rule, batch, decision)
+            learnt = self.planner.learn(rule, decision, self.concurrency(len(batch)),
+                                        [len(r.token_ids) for _, r in batch])
+            if learnt is not decision:  # what the call's own steps decided: in each of its shards' manifests
+                decision = self._record(batch, learnt)
         concurrency = min(len(batch), self.concurrency(len(batch)))
         for (work, r), o in zip(batch, outs):
             if o.error is not None:
@@ -487,55 +399,6 @@ class ShardRunner:
                 work.results[r.row_index] = (o, decision, concurrency)
             work.done += 1
         return decision
-
-    def _learn(self, rule: StepArms, batch: list, decision: Decision) -> Decision:
-        """After a vllm call whose steps a StepArms rule chose: keep the step costs it measured for
-        the next decisions at this concurrency, and when it measured plain against speculative
-        steps, record what it kept as the decision of the call's rows (in each shard's manifest)."""
-        rule.finish()
-        # A call decided beforehand: did what its steps delivered pay? Judged by the costs the call
-        # was decided and guarded with, before this call's steps refresh them below. Judged after,
-        # one step's time measured here was set against a plain step remembered from another run:
-        # in CI, under load, a check whose rows had all run at k and stayed on was counted as
-        # confirming its "off" (test_an_off_from_an_earlier_runs_acceptance_is_checked_...).
-        verdict = None
-        if rule.guard is not None:
-            alpha = rule.acceptance().get(rule.arms[0])
-            if rule.stopped or alpha is not None:
-                verdict = "off" if rule.stopped or rule.guard(alpha) < rule.threshold else "on"
-        b = self.concurrency(len(batch))
-        # Prefill costs are per prompt position for the whole batch (as measure_costs gives them,
-        # and as Policy.predict multiplies them by the mean prompt length), not per token.
-        positions = sum(len(r.token_ids) for _, r in batch) / max(len(batch), 1) or 1
-        steps = rule.step_seconds() if rule.costs_kept() else {}  # not kept: the next call measures again
-        prefill, draft_prefill = (seconds / positions for seconds in rule.prefill_costs())
-        if b in self.costs_by_batch:
-            self.costs_by_batch[b].learn_steps(steps, prefill, draft_prefill)
-        elif (costs := Costs.from_steps(b, steps, prefill, draft_prefill)) is not None:
-            self.costs_by_batch[b] = costs
-        self.policy.costs = self.costs_by_batch.get(b)
-        if decision.kind is Kind.CHECKING:
-            self.recheck = False  # once a run: later calls decide from what this one delivered
-        if verdict is not None:
-            self._found(verdict)
-        elif rule.guard is None and rule.explored():
-            self._found("on" if rule.k > 0 else "off")
-        if rule.stopped:  # the call's own acceptance said speculation no longer pays
-            seen = rule.stopped
-            assumed = f" where the decision assumed {decision.alpha:.2f}" if decision.alpha is not None else ""
-            return self._record(batch, Decision(
-                Kind.STOPPED, False, 0, f"its steps at k={seen['k']} delivered per-token acceptance "
-                f"{seen['acceptance']:.2f} over {seen['row_passes']} row passes{assumed}, predicted "
-                f"{seen['predicted_speedup']:.2f}x", seen["predicted_speedup"], seen["acceptance"], decision.at_row,
-                {**seen, "rows": len(batch)}))
-        if not rule.explored():
-            return decision
-        rates = rule.rates()  # measured speedup: speculative steps' tokens per second over plain steps'
-        kept = Decision(Kind.KEPT, rule.k > 0, rule.k, rule.summary(), round(rates[rule.arms[0]] / rates[0], 3),
-                        self.policy.prior.estimate, decision.at_row,
-                        {"tokens_per_s": {str(k): round(v, 1) for k, v in rates.items()}, "k": decision.k,
-                         "rows": rule.rows, "costs_kept": rule.costs_kept()})
-        return self._record(batch, kept)
 
     def _record(self, batch: list, decision: Decision) -> Decision:
         """A decision taken inside a call, in the manifest of each shard the call ran rows of."""
