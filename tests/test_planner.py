@@ -82,7 +82,7 @@ def test_a_remembered_off_is_checked_when_due_and_skipped_otherwise():
     assert plan.check_remembered([(shard, off)], 8) == [(shard, off)] and plan.outcome == "skipped"  # not due
     plan.recheck = True
     ((_, check),) = plan.check_remembered([(shard, off)], 8)
-    assert check.kind is DecisionKind.CHECKING and check.speculate and check.k == off.numbers["k"]
+    assert check.kind is DecisionKind.CHECKING and check.speculate and check.k == off.figures.k
     assert check.reason == (f"on (checking): the remembered {off.body()}; this call speculates until its own steps "
                             f"show whether that still holds (from what {plan.remembered} measured on this node)")
     assert check.to_json()["numbers"]["checking"] and shard.decisions[-1] is check
@@ -132,3 +132,12 @@ def test_hf_calls_get_a_per_round_rule():
     assert isinstance(plan.draft_length(4, 8, per_round_k=True, adaptive=False), FixedK)
     assert isinstance(planner(costs_known=False).draft_length(4, 8, per_round_k=True, adaptive=True), AdaptiveK)
     assert isinstance(plan.draft_length(4, 8, per_round_k=False, adaptive=True), FixedK)  # k per call
+
+
+def test_figures_are_typed_and_the_manifest_keeps_its_numbers():
+    plan, shard = planner(alpha=0.9), Shard([20, 30, 40, 50] * 2)
+    d, _ = plan.decide(shard)
+    assert d.figures.k == d.k and d.figures.batch_size == 8 and d.figures.rows == 8
+    numbers = d.to_json()["numbers"]
+    assert set(numbers) == {"c", "v_k", "batch_size", "rows", "prompt_p50", "prompt_p90", "expected_new_tokens", "k"}
+    assert numbers["prompt_p50"] == 35.0 and "tokens_per_s" not in numbers  # absent figures are not written

@@ -3,10 +3,10 @@ the Decision it returns (decision.py), the step rules that pick k inside a call 
 an actor's decisions between and inside its calls (planner.py).
 Pure Python: no torch, no Ray, no engine internals (import-linter keeps it so)."""
 
-from .decision import Alone, CallShare, Decision, DecisionKind, Look
+from .decision import Alone, CallShare, Decision, DecisionKind, Figures, Look
 from .model import Acceptance, Costs, LengthProfile, Policy, acceptance_for, decode_speedup, expected_tokens
 from .planner import ActorPolicy
 from .steps import CostModelK, StepArms
 
-__all__ = ["Acceptance", "ActorPolicy", "Alone", "CallShare", "CostModelK", "Costs", "Decision", "DecisionKind",
+__all__ = ["Acceptance", "ActorPolicy", "Alone", "CallShare", "CostModelK", "Costs", "Decision", "DecisionKind", "Figures",
            "LengthProfile", "Look", "Policy", "StepArms", "acceptance_for", "decode_speedup", "expected_tokens"]

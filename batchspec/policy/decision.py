@@ -67,6 +67,32 @@ class Look:
     rows: int
 
 
+@dataclass(frozen=True)
+class Figures:
+    """The figures a decision rests on; None where a kind has none. Written to manifests as
+    `numbers` (only the figures present)."""
+
+    # The cost model's inputs (the policy's decisions once costs are known).
+    c: float | None = None  # draft step / target step
+    v_k: float | None = None  # verify(k) / target step, at the default k
+    batch_size: int | None = None  # the concurrency the costs were measured at
+    rows: int | None = None  # rows profiled; for a call's own decisions, rows the call ran
+    prompt_p50: float | None = None
+    prompt_p90: float | None = None
+    expected_new_tokens: float | None = None
+    k: int | None = None  # the best k at the acceptance known (also when off); a call's: the k it measured
+    # What a call's own steps measured (kept arm, stopped).
+    tokens_per_s: dict[str, float] | None = None  # by arm ("4", "0")
+    costs_kept: bool | None = None  # the arms ran at matched rows, so their times became costs
+    acceptance: float | None = None  # per-token acceptance the steps delivered
+    predicted_speedup: float | None = None  # the guard's prediction from that acceptance
+    steps: int | None = None  # clean steps at k behind it
+    row_passes: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
 @dataclass
 class Decision:
     kind: DecisionKind
@@ -76,7 +102,7 @@ class Decision:
     predicted_speedup: float | None = None
     alpha: float | None = None
     at_row: int = 0  # rows of the shard already generated when this decision was taken
-    numbers: dict[str, Any] = field(default_factory=dict)  # the figures behind it (c, v_k, prompt p50, ...)
+    figures: Figures = field(default_factory=Figures)
     call: CallShare | None = None
     remembered: str | None = None  # "job ... at ...": it rests on what that run measured on this node
     rests_on_remembered_acceptance: bool = False  # an "off" for an earlier run's acceptance (vllm checks it)
@@ -105,7 +131,7 @@ class Decision:
         return text
 
     def to_json(self) -> dict[str, Any]:
-        numbers = dict(self.numbers)
+        numbers = self.figures.to_json()
         if self.call is not None:
             numbers.update(call_rows=self.call.rows, call_shards=self.call.shards, alone=asdict(self.call.alone))
         if self.rests_on_remembered_acceptance:

@@ -26,12 +26,13 @@ with no prior runs its first micro-batch as a probe.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from typing import Any
 
 from ..rates import per_token_acceptance
-from .decision import Decision
+from .decision import Decision, Figures
 from .decision import DecisionKind as Kind
 
 
@@ -237,8 +238,10 @@ class Policy:
         if self.costs is None:
             return Decision(Kind.UNCALIBRATED, True, self.k_default, "no cost calibration available, speculating by default",
                             at_row=at_row)
-        numbers = {"c": round(self.costs.c, 3), "v_k": round(self.costs.v(self.k_default), 3),
-                   "batch_size": self.costs.batch_size, **profile.summary()}
+        lengths = profile.summary()
+        numbers = Figures(c=round(self.costs.c, 3), v_k=round(self.costs.v(self.k_default), 3),
+                          batch_size=self.costs.batch_size, rows=int(lengths["rows"]), prompt_p50=lengths["prompt_p50"],
+                          prompt_p90=lengths["prompt_p90"], expected_new_tokens=lengths["expected_new_tokens"])
         # Hysteresis: switching on needs 1 + margin; once on, it stays on down to break-even (1.0).
         threshold = 1.0 if currently_on else 1.0 + self.margin
         # 1. Could speculation pay even if the draft were always right? If not, it stays off.
@@ -255,7 +258,7 @@ class Policy:
                             f"reach {best_case:.2f}x", best_case, None, at_row, numbers)
         # 3. Acceptance known: the best k at that acceptance, against the threshold for our state.
         k, predicted = self.best_k(profile, alpha)
-        numbers["k"] = k
+        numbers = dataclasses.replace(numbers, k=k)
         if predicted >= threshold:
             return Decision(Kind.ON, True, k, f"per-token acceptance {alpha:.2f}, k={k}, predicted {predicted:.2f}x", predicted,
                             alpha,

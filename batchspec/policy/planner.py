@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
 from ..engine.api import AdaptiveK, DraftLength, FixedK
-from .decision import Alone, CallShare, Decision
+from .decision import Alone, CallShare, Decision, Figures
 from .decision import DecisionKind as Kind
 from .model import Costs, LengthProfile, Policy, decode_speedup
 from .steps import CostModelK, StepArms
@@ -109,7 +109,7 @@ class ActorPolicy:
         for w, d in decided:
             share = CallShare(n, len(decided), Alone(d.speculate, d.k, d.predicted_speedup))
             together = self.mark_remembered(
-                dataclasses.replace(joint, at_row=d.at_row, numbers=dict(joint.numbers), call=share))
+                dataclasses.replace(joint, at_row=d.at_row, call=share))
             self._replace(w, d, together)
             out.append((w, together))
         return out
@@ -128,9 +128,10 @@ class ActorPolicy:
             return list(decided)
         out = []
         for w, d in decided:
-            check = Decision(Kind.CHECKING, True, d.numbers["k"], f"the remembered {d.body()}; this call speculates "
+            k = d.figures.k if d.figures.k is not None else self.policy.k_default
+            check = Decision(Kind.CHECKING, True, k, f"the remembered {d.body()}; this call speculates "
                              "until its own steps show whether that still holds", d.predicted_speedup, d.alpha,
-                             d.at_row, d.to_json()["numbers"], remembered=self.remembered)
+                             d.at_row, d.figures, remembered=self.remembered)
             self._replace(w, d, check)
             out.append((w, check))
         return out
@@ -202,14 +203,16 @@ class ActorPolicy:
             return Decision(Kind.STOPPED, False, 0, f"its steps at k={seen['k']} delivered per-token acceptance "
                             f"{seen['acceptance']:.2f} over {seen['row_passes']} row passes{assumed}, predicted "
                             f"{seen['predicted_speedup']:.2f}x", seen["predicted_speedup"], seen["acceptance"],
-                            decision.at_row, {**seen, "rows": len(prompt_lengths)})
+                            decision.at_row, Figures(rows=len(prompt_lengths), k=int(seen["k"]), acceptance=seen["acceptance"],
+                                    predicted_speedup=seen["predicted_speedup"], steps=int(seen["steps"]),
+                                    row_passes=int(seen["row_passes"])))
         if not rule.explored():
             return decision
         rates = rule.rates()  # measured speedup: speculative steps' tokens per second over plain steps'
         return Decision(Kind.KEPT, rule.k > 0, rule.k, rule.summary(), round(rates[rule.arms[0]] / rates[0], 3),
                         self.policy.prior.estimate, decision.at_row,
-                        {"tokens_per_s": {str(k): round(v, 1) for k, v in rates.items()}, "k": decision.k,
-                         "rows": rule.rows, "costs_kept": rule.costs_kept()})
+                        Figures(tokens_per_s={str(k): round(v, 1) for k, v in rates.items()}, k=decision.k,
+                                rows=rule.rows, costs_kept=rule.costs_kept()))
 
     def _learn_costs(self, rule: StepArms, concurrency: int, prompt_lengths: list[int]) -> None:
         """The step costs a call measured, kept for its concurrency (when its arms were comparable)."""

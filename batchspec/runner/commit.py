@@ -72,7 +72,7 @@ def output_row(shard: Shard, r: RowInput, result: tuple[Completion, Decision, in
     s = out.stats
     # A vllm call that measured speculative steps and then kept plain ones: its rows were drafted for.
     on = decision.speculate or s.draft_tokens > 0
-    k = decision.k if decision.speculate else decision.numbers.get("k")
+    k = decision.k if decision.speculate else decision.figures.k
     return {**base, "completion": out.text, "finish_reason": s.finish_reason, "error": None,
             "completion_tokens": s.completion_tokens, "spec_enabled": on, "draft_kind": e.draft_kind if on else None,
             "num_speculative_tokens": k if on else None, "draft_tokens": s.draft_tokens,
