@@ -141,3 +141,16 @@ def test_figures_are_typed_and_the_manifest_keeps_its_numbers():
     numbers = d.to_json()["numbers"]
     assert set(numbers) == {"c", "v_k", "batch_size", "rows", "prompt_p50", "prompt_p90", "expected_new_tokens", "k"}
     assert numbers["prompt_p50"] == 35.0 and "tokens_per_s" not in numbers  # absent figures are not written
+
+
+def test_a_check_is_judged_on_its_own_rows_with_the_margin_an_off_must_earn():
+    plan = planner(alpha=0.05, measure_in_call=True)
+    plan.costs_by_batch[8] = costs()
+    shard = Shard([20] * 8)
+    off, _ = plan.decide(shard)
+    rule = plan.check_remembered  # noqa: F841  (the check itself: test above)
+    check = Decision(DecisionKind.CHECKING, True, 4, "the remembered ...")
+    rule = plan.checking_rule(check, [(shard, 20)] * 8, 8)
+    assert rule.arms == (4,) and rule.threshold == pytest.approx(1.0 + plan.policy.margin)
+    profile = LengthProfile([20] * 8, shard.profile.expected_new_tokens)
+    assert rule.guard(0.9) == pytest.approx(plan.policy.predict(profile, 0.9, 4, plan.costs_by_batch[8]))

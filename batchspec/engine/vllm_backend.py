@@ -368,7 +368,7 @@ class VLLMBackend:
         """A few tokens through every engine before the first shard: vLLM's first call is slower
         than the next ones, and that is start-up, not the first shard's generation."""
         ids = [[(7 * i + j) % max(len(self.tokenizer) - 1, 1) + 1 for j in range(16)] for i in range(4)]
-        params = [self._params(SamplingParams(), (), 8, None, ignore_eos=True)] * len(ids)
+        params = [vllm_params(SamplingParams(), (), 8, None, ignore_eos=True)] * len(ids)
         self.set_k(self.k_max)
         self._run(ids, params)
         if self.plain_llm is not None:
@@ -403,7 +403,7 @@ class VLLMBackend:
                             "sampled from the engine's seeded generator")
                 self._warned_seeds = True
             seeds = None
-        params = [self._params(sampling, stop, cap, seeds[i] if seeds else None) for i, cap in enumerate(caps)]
+        params = [vllm_params(sampling, stop, cap, seeds[i] if seeds else None) for i, cap in enumerate(caps)]
         self._rule = rule
         self._skip_draft = plain and self.plain_llm is None and self.skips_draft
         try:
@@ -421,7 +421,7 @@ class VLLMBackend:
             self._rule, self._skip_draft, self._time_draft = None, False, False
             if self._skipped:  # no request runs now, so the reset succeeds (module docstring)
                 self._skipped = not self.llm.reset_prefix_cache()
-        completions = [self._completion(o, len(ids), k) for o, ids in zip(outs, prompt_ids)]
+        completions = [completion_of(o, len(ids), k) for o, ids in zip(outs, prompt_ids)]
         # One aggregate entry for the policy's acceptance estimate; vLLM does not time rounds (target_s 0).
         ok = [c.stats for c in completions if c.error is None]
         accepted = sum(s.accepted_tokens for s in ok)
@@ -440,96 +440,106 @@ class VLLMBackend:
             patches.abort_all_requests(llm)
             raise
 
-    @staticmethod
-    def _params(sampling: SamplingParams, stop: tuple[str, ...], max_tokens: int, seed: int | None, **extra):
-        from vllm import SamplingParams as VParams
-
-        kw = {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_tokens": max(1, max_tokens),
-              "stop": list(stop) or None, "skip_special_tokens": True, **extra}
-        if sampling.top_k:
-            kw["top_k"] = sampling.top_k
-        if seed is not None and not sampling.greedy:
-            kw["seed"] = seed
-        return VParams(**kw)
-
-    def _completion(self, out, prompt_tokens: int, k: int) -> Completion:
-        if isinstance(out, str):  # the row's error message
-            stats = RowStats(prompt_tokens=prompt_tokens, finish_reason="error")
-            return Completion("", [], stats, error=out)
-        o = out.outputs[0]
-        stats = RowStats(prompt_tokens=prompt_tokens, completion_tokens=len(o.token_ids),
-                         finish_reason="stop" if o.finish_reason == "stop" else "length")
-        m = o.spec_decode_metrics
-        if m is not None:
-            # histogram[j] = verify steps in which j draft tokens were accepted (bonus token not counted).
-            stats.accepted_tokens = sum(j * n for j, n in enumerate(m.histogram))
-            stats.draft_tokens = m.num_draft_tokens
-            stats.spec_rounds = sum(m.histogram)
-            # Steps that accepted fewer than k were cut short by a rejection (a step drafting fewer than
-            # k near max_tokens counts too: the estimate errs low by at most one trial per row).
-            stats.rejections = sum(m.histogram[:k])
-        t = out.metrics  # RequestStateStats: monotonic timestamps of this request
-        if t is not None and t.first_token_ts:
-            stats.ttft_s = float(t.first_token_latency)
-            stats.latency_s = float(t.first_token_latency + max(0.0, t.last_token_ts - t.first_token_ts))
-        return Completion(o.text, list(o.token_ids), stats)
-
     def measure_costs(self, batch_size: int, sample: list[list[int]] | None = None, prompt_tokens: int = 64,
                       new_tokens: int = 8, repeats: int = 1) -> dict:
-        """The policy's costs measured through vLLM at this concurrency (cf. engine.measure_costs).
+        """The policy's costs measured through vLLM at this concurrency (module function below)."""
+        return measure_costs(self, batch_size, sample, prompt_tokens, new_tokens, repeats)
 
-        vLLM does not split a speculative step into draft and verify, so a round's whole cost (k draft
-        steps + one verify of k+1 tokens) is reported as verify_s[k] and draft_step_s is 0: the
-        policy's k*draft + verify(k) is then exactly the measured round; the policy extrapolates
-        k > 4 from k = 4 in proportion to k + 1 (an upper bound on CPU, where verifying is compute-bound).
-        `sample`: prompts of the shard to be run (cycled to batch_size, cut to prompt_tokens), so the
-        draft proposes as it will on this data; on random prompts an n-gram draft proposed almost
-        nothing and speculation looked free (a k=4 round measured at half what it costs on the
-        shard's prompts). Without a sample, random prompts.
-        One warm-up call, then each figure from `repeats` timed calls: 6 calls in all, so that
-        measuring stays a small part of a shard's time.
-        """
-        import random
 
-        rng = random.Random(0)
-        vocab = len(self.tokenizer)
-        low = 8 if vocab > 64 else 0
-        P = min(prompt_tokens, self.max_context // 2)
-        T = max(2, min(new_tokens, self.max_context - P - 1))
-        if sample:
-            prompts = [sample[i % len(sample)][-P:] for i in range(batch_size)]
-            P = max(1, round(sum(map(len, prompts)) / len(prompts)))
-        else:
-            prompts = [[rng.randrange(low, vocab) for _ in range(P)] for _ in range(batch_size)]
+def vllm_params(sampling: SamplingParams, stop: tuple[str, ...], max_tokens: int, seed: int | None, **extra):
+    """vLLM's SamplingParams for one row: the job's sampling, stops and cap, its seed when sampled."""
+    from vllm import SamplingParams as VParams
 
-        def timed(k: int, max_tokens: int, plain: bool | None = None) -> tuple[float, list]:
-            self.set_k(k)
-            params = [self._params(SamplingParams(), (), max_tokens, None, ignore_eos=True)] * batch_size
-            best, outs = float("inf"), None
-            for _ in range(repeats):
-                t = time.perf_counter()
-                outs = self._run(prompts, params, plain=k == 0 if plain is None else plain)
-                best = min(best, time.perf_counter() - t)
-            return best, outs
+    kw = {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_tokens": max(1, max_tokens),
+          "stop": list(stop) or None, "skip_special_tokens": True, **extra}
+    if sampling.top_k:
+        kw["top_k"] = sampling.top_k
+    if seed is not None and not sampling.greedy:
+        kw["seed"] = seed
+    return VParams(**kw)
 
-        timed(0, T)  # warm-up
-        first, _ = timed(0, 1)  # prefill + first token (on the plain engine when there is one)
-        plain, _ = timed(0, T)
-        step = max((plain - first) / (T - 1), 1e-9)
-        verify, first_spec = {}, first
-        if self._scheduler is not None and self.plain_llm is not None:
-            timed(0, T, plain=False)  # warm-up
-            first_spec = timed(0, 1, plain=False)[0]  # the speculative engine's own prefill, drafter's included
-        if self._scheduler is not None:
-            for k in sorted({1, 2, 4, self.k_max} & set(range(1, min(4, self.k_max) + 1))):
-                # Enough tokens for 4 rounds even when every draft token is accepted: with 8 tokens a
-                # good draft finished in 2 rounds, and the call's fixed cost over 2 rounds made k=4
-                # look 14x a plain step on the demo pair.
-                Tk = max(T, 4 * (k + 1) + 1)
-                total, outs = timed(k, Tk)
-                # Each verify step emits 1 + accepted tokens per row, so a row took (Tk - 1) - accepted
-                # steps; the call lasts as long as its slowest row.
-                steps = max(Tk - 1 - self._completion(o, P, k).stats.accepted_tokens for o in outs)
-                verify[k] = max((total - first_spec) / max(steps, 1), 1e-9)
-        return {"batch_size": batch_size, "prefill_token_s": first / P, "target_step_s": step,
-                "verify_s": verify or {1: step}, "draft_step_s": 0.0, "draft_prefill_token_s": 0.0}
+
+def completion_of(out, prompt_tokens: int, k: int) -> Completion:
+    """A Completion from vLLM's RequestOutput (or a row's error message), with its per-request
+    speculative metrics as raw counters."""
+    if isinstance(out, str):  # the row's error message
+        stats = RowStats(prompt_tokens=prompt_tokens, finish_reason="error")
+        return Completion("", [], stats, error=out)
+    o = out.outputs[0]
+    stats = RowStats(prompt_tokens=prompt_tokens, completion_tokens=len(o.token_ids),
+                     finish_reason="stop" if o.finish_reason == "stop" else "length")
+    m = o.spec_decode_metrics
+    if m is not None:
+        # histogram[j] = verify steps in which j draft tokens were accepted (bonus token not counted).
+        stats.accepted_tokens = sum(j * n for j, n in enumerate(m.histogram))
+        stats.draft_tokens = m.num_draft_tokens
+        stats.spec_rounds = sum(m.histogram)
+        # Steps that accepted fewer than k were cut short by a rejection (a step drafting fewer than
+        # k near max_tokens counts too: the estimate errs low by at most one trial per row).
+        stats.rejections = sum(m.histogram[:k])
+    t = out.metrics  # RequestStateStats: monotonic timestamps of this request
+    if t is not None and t.first_token_ts:
+        stats.ttft_s = float(t.first_token_latency)
+        stats.latency_s = float(t.first_token_latency + max(0.0, t.last_token_ts - t.first_token_ts))
+    return Completion(o.text, list(o.token_ids), stats)
+
+
+def measure_costs(backend: VLLMBackend, batch_size: int, sample: list[list[int]] | None = None,
+                  prompt_tokens: int = 64, new_tokens: int = 8, repeats: int = 1) -> dict:
+    """The policy's costs measured through vLLM at this concurrency (cf. engine.measure_costs).
+
+    vLLM does not split a speculative step into draft and verify, so a round's whole cost (k draft
+    steps + one verify of k+1 tokens) is reported as verify_s[k] and draft_step_s is 0: the
+    policy's k*draft + verify(k) is then exactly the measured round; the policy extrapolates
+    k > 4 from k = 4 in proportion to k + 1 (an upper bound on CPU, where verifying is compute-bound).
+    `sample`: prompts of the shard to be run (cycled to batch_size, cut to prompt_tokens), so the
+    draft proposes as it will on this data; on random prompts an n-gram draft proposed almost
+    nothing and speculation looked free (a k=4 round measured at half what it costs on the
+    shard's prompts). Without a sample, random prompts.
+    One warm-up call, then each figure from `repeats` timed calls: 6 calls in all, so that
+    measuring stays a small part of a shard's time.
+    """
+    import random
+
+    rng = random.Random(0)
+    vocab = len(backend.tokenizer)
+    low = 8 if vocab > 64 else 0
+    P = min(prompt_tokens, backend.max_context // 2)
+    T = max(2, min(new_tokens, backend.max_context - P - 1))
+    if sample:
+        prompts = [sample[i % len(sample)][-P:] for i in range(batch_size)]
+        P = max(1, round(sum(map(len, prompts)) / len(prompts)))
+    else:
+        prompts = [[rng.randrange(low, vocab) for _ in range(P)] for _ in range(batch_size)]
+
+    def timed(k: int, max_tokens: int, plain: bool | None = None) -> tuple[float, list]:
+        backend.set_k(k)
+        params = [vllm_params(SamplingParams(), (), max_tokens, None, ignore_eos=True)] * batch_size
+        best, outs = float("inf"), None
+        for _ in range(repeats):
+            t = time.perf_counter()
+            outs = backend._run(prompts, params, plain=k == 0 if plain is None else plain)
+            best = min(best, time.perf_counter() - t)
+        return best, outs
+
+    timed(0, T)  # warm-up
+    first, _ = timed(0, 1)  # prefill + first token (on the plain engine when there is one)
+    plain, _ = timed(0, T)
+    step = max((plain - first) / (T - 1), 1e-9)
+    verify, first_spec = {}, first
+    if backend._scheduler is not None and backend.plain_llm is not None:
+        timed(0, T, plain=False)  # warm-up
+        first_spec = timed(0, 1, plain=False)[0]  # the speculative engine's own prefill, drafter's included
+    if backend._scheduler is not None:
+        for k in sorted({1, 2, 4, backend.k_max} & set(range(1, min(4, backend.k_max) + 1))):
+            # Enough tokens for 4 rounds even when every draft token is accepted: with 8 tokens a
+            # good draft finished in 2 rounds, and the call's fixed cost over 2 rounds made k=4
+            # look 14x a plain step on the demo pair.
+            Tk = max(T, 4 * (k + 1) + 1)
+            total, outs = timed(k, Tk)
+            # Each verify step emits 1 + accepted tokens per row, so a row took (Tk - 1) - accepted
+            # steps; the call lasts as long as its slowest row.
+            steps = max(Tk - 1 - completion_of(o, P, k).stats.accepted_tokens for o in outs)
+            verify[k] = max((total - first_spec) / max(steps, 1), 1e-9)
+    return {"batch_size": batch_size, "prefill_token_s": first / P, "target_step_s": step,
+            "verify_s": verify or {1: step}, "draft_step_s": 0.0, "draft_prefill_token_s": 0.0}

@@ -16,7 +16,7 @@ from typing import Protocol, TypeVar
 from ..engine.api import AdaptiveK, DraftLength, FixedK
 from .decision import Alone, CallShare, Decision, Figures
 from .decision import DecisionKind as Kind
-from .model import Costs, LengthProfile, Policy, decode_speedup
+from .model import Acceptance, Costs, LengthProfile, Policy, decode_speedup
 from .steps import CostModelK, StepArms
 
 # What this run found about acceptance, for memory.Recheck.after: a measurement outranks a
@@ -58,6 +58,18 @@ class ActorPolicy:
     def learns_costs(self) -> bool:
         """The policy's costs come from the steps of real calls (the policy measures in the call)."""
         return self.policy.measure_in_call
+
+    def start_from(self, costs: dict[int, Costs], prior: Acceptance | None, new_tokens: list[int],
+                   remembered: str | None, recheck_due: bool) -> None:
+        """Start from what an earlier run measured on this node (runner/memory.py): costs by
+        concurrency, the acceptance prior, completion lengths, and which run that was."""
+        self.costs_by_batch.update(costs)
+        self.policy.prior = prior or self.policy.prior
+        self.policy.new_tokens_seen.extend(new_tokens)
+        self.remembered = remembered
+        # On vllm a call decided "off" runs plain and observes no acceptance, so an "off" that rests
+        # on a remembered acceptance is checked in this run's first call when due.
+        self.recheck = prior is not None and self.learns_costs and recheck_due
 
     # -- a shard's decisions ------------------------------------------------------------------
     def decide(self, shard: ShardProgress, batches_off: int = 0) -> tuple[Decision, bool]:
@@ -162,12 +174,15 @@ class ActorPolicy:
             return AdaptiveK(k=k)
         return FixedK(k)
 
-    def checking_rule(self, decision: Decision, profile: LengthProfile, concurrency: int) -> StepArms:
+    def checking_rule(self, decision: Decision, rows: Sequence[tuple[ShardProgress, int]], concurrency: int) -> StepArms:
         """The rule of a call that checks a remembered "off": k from the start, and once its clean
         steps have made guard_passes row passes, plain for the rest unless the acceptance they
-        delivered makes the decision's own prediction (prefill included, for the call's rows, whose
-        profile is given) earn 1 + margin, as any "off" must to turn on. Where the remembered
-        acceptance still holds, the check costs the draft's prefill and a few speculative steps."""
+        delivered makes the decision's own prediction (prefill included, for the call's rows: each
+        a shard and its prompt length) earn 1 + margin, as any "off" must to turn on. Where the
+        remembered acceptance still holds, the check costs the draft's prefill and a few
+        speculative steps."""
+        expected = sum(_expected_new(shard) for shard, _ in rows) / len(rows)  # by the rows in this call
+        profile = LengthProfile([length for _, length in rows], expected)
         costs = self.costs_by_batch[concurrency]
         k = decision.k
         return StepArms((k,), guard=lambda alpha: self.policy.predict(profile, alpha, k, costs),

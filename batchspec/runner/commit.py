@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -94,3 +94,29 @@ def _count_errors(rows: list[dict]) -> dict:
         kind = "prompt too long" if kind.startswith("prompt has") else kind
         counts[kind] = counts.get(kind, 0) + 1
     return counts
+
+
+def fail_shard(store: OutputStore, job_id: str, worker: str, shard: Shard, e: Exception) -> dict:
+    """The shard's failed manifest, written when the store can be reached at all; returned either way."""
+    error = error_line(e)
+    log_event(log, f"shard failed: {error}", logging.ERROR, job=job_id, shard=shard.shard)
+    manifest: dict[str, Any] = {"shard": shard.shard, "job_id": job_id, "status": "failed", "error": error,
+                "input": shard.fingerprint, "worker": worker, "finished_at": now_iso()}
+    try:
+        store.write_manifest(shard.shard, manifest)
+    except Exception as write_error:
+        manifest["error"] += f" (and its manifest could not be written: {type(write_error).__name__})"
+    return manifest
+
+
+def committed_already(store: OutputStore, shard: Shard, spec_hash: str, job_id: str) -> tuple[bool, dict]:
+    """(whether the shard is committed for this spec and input, its manifest or {}). It can be,
+    since the driver planned it: a call retried after its actor died past this shard's commit, or
+    a run that planned while the run it forced away still committed. Such a shard is not
+    generated again."""
+    previous = store.read_json(store.manifest_path(shard.shard)) or {}
+    done = store.shard_done(shard, previous, spec_hash)
+    if done:
+        log_event(log, "shard already committed, not generated again", job=job_id, shard=shard.shard,
+                  by=previous.get("job_id"))
+    return done, previous

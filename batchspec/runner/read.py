@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import string
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,6 +18,9 @@ from ..errors import error_line
 from ..policy import LengthProfile
 from ..spec import JobSpec
 from .plan import Shard
+
+if TYPE_CHECKING:
+    from ..engine.api import Backend
 
 
 def prompt_hash(text: str) -> str:
@@ -94,6 +98,18 @@ def read_shard(shard: Shard, spec: JobSpec, columns: list[str] | None = None) ->
     if groups and first_row is not None:  # first_row: where the first group read starts
         table = table.slice(shard.row_start - first_row, shard.rows)
     return table
+
+
+def tokenized_rows(table: pa.Table, shard: Shard, spec: JobSpec, engine: Backend) -> tuple[list[RowInput], list[RowInput]]:
+    """(every row in input order, the rows to generate, shortest prompt first): rows validated and
+    tokenized; a prompt that leaves no room in the context becomes an error row."""
+    rows = validate_rows(table, shard, spec, engine.tokenizer)
+    valid = [r for r in rows if r.error is None]
+    for r, ids in zip(valid, engine.tokenize([r.prompt for r in valid if r.prompt is not None]) if valid else []):
+        r.token_ids = ids
+        if len(ids) >= engine.max_context:
+            r.error = f"prompt has {len(ids)} tokens; the model's context is {engine.max_context}" + engine.context_note
+    return rows, sorted((r for r in rows if r.error is None), key=lambda r: len(r.token_ids))  # less padding
 
 
 def needed_columns(spec: JobSpec) -> list[str]:

@@ -15,8 +15,7 @@ import time
 
 import pyarrow as pa
 
-from ..engine.api import DraftLength, SamplingParams, row_seed
-from ..errors import error_line
+from ..engine.api import Backend, DraftLength, SamplingParams, row_seed
 from ..policy import (
     ActorPolicy,
     CostModelK,
@@ -29,12 +28,12 @@ from ..policy import (
 )
 from ..policy import DecisionKind as Kind
 from ..spec import JobSpec
-from .commit import commit_shard
+from .commit import commit_shard, committed_already, fail_shard
 from .faults import FaultPlan
 from .logs import log_event, worker_id
 from .memory import PolicyMemory
 from .plan import Shard
-from .read import RowInput, ShardReadError, ShardWork, read_shard, validate_rows
+from .read import RowInput, ShardReadError, ShardWork, read_shard, tokenized_rows
 from .store import OUTPUT_SCHEMA, OutputStore, now_iso
 
 log = logging.getLogger("batchspec.worker")
@@ -44,30 +43,11 @@ class ShardRunner:
     """Everything an actor keeps between shards: backend, policy (with its acceptance prior), store."""
 
     def __init__(self, spec: JobSpec, job_id: str, engine=None, calibrate: bool = True, backend: str | None = None):
-        from ..engine.api import ModelLoadError
-        from ..engine.backend import HF_DRAFT_KINDS, backend_for, load_backend
-        from .checkpoints import local_checkpoints
-
         self.spec, self.job_id = spec, job_id
         m = spec.model
         self.backend_note = None  # why this actor runs another backend than the driver chose
         if engine is None:
-            backend = backend or backend_for(spec).name
-            load = functools.partial(load_backend, spec_model=m, k_default=spec.speculation.num_speculative_tokens,
-                                     sampled=spec.generation.temperature > 0, local_paths=local_checkpoints(m))
-            try:
-                engine = load(backend)
-            except ModelLoadError as e:
-                # auto promises the backend that can serve the job. Which models vLLM serves shows
-                # only when an engine starts (an architecture it lacks, or on CPU attention heads
-                # of 16), so the actor falls back to the hf engine, which serves any transformers
-                # model, and says so in its log and every manifest it writes.
-                if backend != "vllm" or m.backend != "auto" or m.draft.kind not in HF_DRAFT_KINDS:
-                    raise
-                self.backend_note = f"auto: {str(e).splitlines()[0][:400]}; batchspec's own engine serves it"
-                log_event(log, f"backend: {self.backend_note}", logging.WARNING, job=job_id)
-                gc.collect()  # the failed engine's memory, before the hf engine loads
-                engine = load("hf")
+            engine, self.backend_note = load_actor_backend(spec, job_id, backend)
         self.engine = engine  # a backend: engine.Engine (hf) or vllm_backend.VLLMBackend
         self.store = OutputStore(spec.output.path, spec.output.storage_options)
         # pyarrow imports pandas and pyarrow.compute on its first conversion. Done in the first
@@ -86,17 +66,11 @@ class ShardRunner:
         # What earlier runs measured on this node (runner/memory.py): the first call need not measure.
         self.memory = PolicyMemory.for_spec(spec, engine.name) if mode == "auto" else None
         if self.memory is not None:
-            plan = self.planner
-            costs, prior, new_tokens, plan.remembered = self.memory.load()
-            plan.costs_by_batch.update(costs)
-            self.policy.prior = prior or self.policy.prior
-            self.policy.new_tokens_seen.extend(new_tokens)
-            # On vllm a call decided "off" runs plain and observes no acceptance, so an "off" that
-            # rests on a remembered acceptance is checked in this run's first call when due.
-            plan.recheck = prior is not None and self.learns_costs and self.memory.recheck.due()
-            if plan.remembered:
+            costs, prior, new_tokens, remembered = self.memory.load()
+            self.planner.start_from(costs, prior, new_tokens, remembered, self.memory.recheck.due())
+            if remembered:
                 a = self.policy.prior.estimate
-                log_event(log, f"policy: starting from what {plan.remembered} measured on this node (costs at "
+                log_event(log, f"policy: starting from what {remembered} measured on this node (costs at "
                           f"concurrency {', '.join(map(str, sorted(costs))) or 'none'}, acceptance "
                           f"{'unknown' if a is None else f'{a:.2f}'})", job=job_id)
         self.worker = worker_id()
@@ -153,13 +127,13 @@ class ShardRunner:
         works = []
         for shard in shards:
             try:
-                done, previous = self._committed_already(shard)
+                done, previous = committed_already(self.store, shard, self.spec.output_hash(), self.job_id)
                 if done:
                     out[shard.shard] = previous
                     continue
                 work = self._open(shard, previous)
             except Exception as e:
-                out[shard.shard] = self._failed(shard, e)
+                out[shard.shard] = fail_shard(self.store, self.job_id, self.worker, shard, e)
                 continue
             if isinstance(work, dict):  # unreadable input: already a failed manifest
                 out[shard.shard] = work
@@ -171,42 +145,19 @@ class ShardRunner:
                 self._generate_together(group) if together else self._generate(group[0])
             except Exception as e:  # OOM, a dead engine, a bug: the shards of this call fail, the job goes on
                 for w in group:
-                    out[w.shard.shard] = self._failed(w.shard, e)
+                    out[w.shard.shard] = fail_shard(self.store, self.job_id, self.worker, w.shard, e)
         works = [w for w in works if w.shard.shard not in out]
         for w in works:
             try:
                 out[w.shard.shard] = commit_shard(w, self.store, self.engine, self.job_id, self.worker,
                                                   self.backend_note, self.policy.costs)
             except Exception as e:
-                out[w.shard.shard] = self._failed(w.shard, e)
+                out[w.shard.shard] = fail_shard(self.store, self.job_id, self.worker, w.shard, e)
         if self.memory is not None and works:
             p, plan = self.policy, self.planner
             self.memory.save(plan.costs_by_batch, p.prior, p.new_tokens_seen, self.job_id, plan.outcome)
             plan.remembered = None  # from here on the decisions rest on this run's own measurements too
         return [out[s.shard] for s in shards]
-
-    def _failed(self, shard: Shard, e: Exception) -> dict:
-        error = error_line(e)
-        log_event(log, f"shard failed: {error}", logging.ERROR, job=self.job_id, shard=shard.shard)
-        manifest = {"shard": shard.shard, "job_id": self.job_id, "status": "failed", "error": error,
-                    "input": shard.fingerprint, "worker": self.worker, "finished_at": now_iso()}
-        try:
-            self.store.write_manifest(shard.shard, manifest)
-        except Exception as write_error:
-            manifest["error"] += f" (and its manifest could not be written: {type(write_error).__name__})"
-        return manifest
-
-    def _committed_already(self, shard: Shard) -> tuple[bool, dict]:
-        """(whether the shard is committed for this spec and input, its manifest or {}). It can
-        be, since the driver planned it: a call retried after its actor died past this shard's
-        commit, or a run that planned while the run it forced away still committed. Such a shard
-        is not generated again."""
-        previous = self.store.read_json(self.store.manifest_path(shard.shard)) or {}
-        done = self.store.shard_done(shard, previous, self.spec.output_hash())
-        if done:
-            log_event(log, "shard already committed, not generated again", job=self.job_id, shard=shard.shard,
-                      by=previous.get("job_id"))
-        return done, previous
 
     def _open(self, shard: Shard, previous: dict | None = None) -> ShardWork | dict:
         """Read, validate and tokenize a shard (previous: its manifest, read here when not given);
@@ -225,15 +176,7 @@ class ShardRunner:
             manifest = {**base, "status": "failed", "error": str(e), "rows_in": None, "finished_at": now_iso()}
             self.store.write_manifest(shard.shard, manifest)
             return manifest
-        engine = self.engine
-        rows = validate_rows(table, shard, self.spec, engine.tokenizer)
-        valid = [r for r in rows if r.error is None]
-        for r, ids in zip(valid, engine.tokenize([r.prompt for r in valid]) if valid else []):
-            r.token_ids = ids
-            if len(ids) >= engine.max_context:
-                r.error = (f"prompt has {len(ids)} tokens; the model's context is {engine.max_context}"
-                           + engine.context_note)
-        valid = sorted((r for r in rows if r.error is None), key=lambda r: len(r.token_ids))  # less padding
+        rows, valid = tokenized_rows(table, shard, self.spec, self.engine)
         work = ShardWork(shard, base, attempt, table.num_rows, rows, valid, time.perf_counter() - t0)
         work.profile = LengthProfile([len(r.token_ids) for r in valid], self.expected_new(work))
         return work
@@ -362,25 +305,21 @@ class ShardRunner:
             # remembered "off" is done on those rows too, so that the draft reads only their
             # prompts when the "off" still holds.
             first, batch = batch[:self.engine.max_batch], batch[self.engine.max_batch:]
-            first_rule = (self._checking_rule(decision, first) if checking
-                          else self.draft_length(decision.k, len(first), strict=True))
+            if checking:
+                first_rule = self.planner.checking_rule(decision, _lengths(first), self.concurrency(len(first)))
+            else:
+                first_rule = self.draft_length(decision.k, len(first), strict=True)
             kept = self._run_block(first, decision, first_rule)
             if kept is not decision:
                 measured = {id(w) for w, _ in first}
-                self._record([(w, r) for w, r in batch if id(w) not in measured], kept)
+                _record(self.job_id, [(w, r) for w, r in batch if id(w) not in measured], kept)
             decision = kept
             rule = self.draft_length(decision.k, len(batch)) if decision.speculate else None
             if isinstance(rule, StepArms) and len(rule.arms) > 1:  # its costs were not kept: k as measured
                 rule = StepArms((decision.k,))
         elif checking:
-            rule = self._checking_rule(decision, batch)
+            rule = self.planner.checking_rule(decision, _lengths(batch), self.concurrency(len(batch)))
         return self._run_block(batch, decision, rule)
-
-    def _checking_rule(self, decision: Decision, batch: list[tuple[ShardWork, RowInput]]) -> StepArms:
-        """ActorPolicy.checking_rule for the rows of this call."""
-        expected = sum(w.profile.expected_new_tokens for w, _ in batch) / len(batch)  # by the rows in this call
-        profile = LengthProfile([len(r.token_ids) for _, r in batch], expected)
-        return self.planner.checking_rule(decision, profile, self.concurrency(len(batch)))
 
     def _run_block(self, batch: list[tuple[ShardWork, RowInput]], decision: Decision, rule) -> Decision:
         """The engine call itself under a draft-length rule; what the rows ran under is returned."""
@@ -390,7 +329,7 @@ class ShardRunner:
             learnt = self.planner.learn(rule, decision, self.concurrency(len(batch)),
                                         [len(r.token_ids) for _, r in batch])
             if learnt is not decision:  # what the call's own steps decided: in each of its shards' manifests
-                decision = self._record(batch, learnt)
+                decision = _record(self.job_id, batch, learnt)
         concurrency = min(len(batch), self.concurrency(len(batch)))
         for (work, r), o in zip(batch, outs):
             if o.error is not None:
@@ -400,10 +339,42 @@ class ShardRunner:
             work.done += 1
         return decision
 
-    def _record(self, batch: list, decision: Decision) -> Decision:
-        """A decision taken inside a call, in the manifest of each shard the call ran rows of."""
-        for work in {id(w): w for w, _ in batch}.values():
-            work.decisions.append(decision)
-            log_event(log, f"policy: {decision.reason}", job=self.job_id, shard=work.shard.shard, at_row=work.done)
-        return decision
 
+
+def load_actor_backend(spec: JobSpec, job_id: str, backend: str | None = None) -> tuple[Backend, str | None]:
+    """The actor's backend (the driver's choice, or the spec's), and why it is another one when
+    auto had to fall back (None otherwise)."""
+    from ..engine.api import ModelLoadError
+    from ..engine.backend import HF_DRAFT_KINDS, backend_for, load_backend
+    from .checkpoints import local_checkpoints
+
+    m = spec.model
+    backend = backend or backend_for(spec).name
+    load = functools.partial(load_backend, spec_model=m, k_default=spec.speculation.num_speculative_tokens,
+                             sampled=spec.generation.temperature > 0, local_paths=local_checkpoints(m))
+    try:
+        return load(backend), None
+    except ModelLoadError as e:
+        # auto promises the backend that can serve the job. Which models vLLM serves shows only
+        # when an engine starts (an architecture it lacks, or on CPU attention heads of 16), so the
+        # actor falls back to the hf engine, which serves any transformers model, and says so in
+        # its log and every manifest it writes.
+        if backend != "vllm" or m.backend != "auto" or m.draft.kind not in HF_DRAFT_KINDS:
+            raise
+        note = f"auto: {str(e).splitlines()[0][:400]}; batchspec's own engine serves it"
+        log_event(log, f"backend: {note}", logging.WARNING, job=job_id)
+        gc.collect()  # the failed engine's memory, before the hf engine loads
+        return load("hf"), note
+
+
+def _record(job_id: str, batch: list, decision: Decision) -> Decision:
+    """A decision taken inside a call, in the manifest of each shard the call ran rows of."""
+    for work in {id(w): w for w, _ in batch}.values():
+        work.decisions.append(decision)
+        log_event(log, f"policy: {decision.reason}", job=job_id, shard=work.shard.shard, at_row=work.done)
+    return decision
+
+
+def _lengths(batch: list[tuple[ShardWork, RowInput]]) -> list[tuple[ShardWork, int]]:
+    """Each row of a call as (its shard, its prompt length), as the planner reads a call."""
+    return [(w, len(r.token_ids)) for w, r in batch]
