@@ -20,7 +20,10 @@ def learned_draft_problem(path: str, kind: str) -> None:
 
     from ..engine.sources import config_problem
 
-    problem = config_problem(kind, json.loads(open(cached_file(path, "config.json")).read()))
+    config = cached_file(path, "config.json")
+    if config is None:  # cached_file raises for a missing file; None only if told not to
+        raise ValueError(f"{path}: no config.json")
+    problem = config_problem(kind, json.loads(Path(config).read_text()))
     if problem:
         raise ValueError(problem)
 
@@ -66,7 +69,7 @@ def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None =
     from ..engine.drafts import check_tokenizers_compatible
     from ..engine.models import ModelLoadError, attention_window, serving_problem
 
-    m, problems, toks = spec.model, [], {}
+    m, problems, toks = spec.model, list[str](), {}
     for role, source in checkpoint_sources(spec.model):
         try:
             if _settled(role, source, m.storage_options, problems):  # s3:// prefixes end here
@@ -91,7 +94,7 @@ def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None =
             problems.append(_unresolved(role, source, e))
     if len(toks) == 2:
         try:
-            check_tokenizers_compatible(toks["target"], toks["draft"], m.draft.path)
+            check_tokenizers_compatible(toks["target"], toks["draft"], str(m.draft.path))
         except ModelLoadError as e:
             problems.append(str(e))
     return problems
@@ -121,7 +124,7 @@ def local_model_problems(spec: JobSpec, notes: list[str] | None = None) -> list[
     check runs. Configs are read as JSON: vLLM checks the model type itself when an actor loads it."""
     from ..engine.sources import config_problem, vocab_problem
 
-    m, problems, vocabs = spec.model, [], {}
+    m, problems, vocabs = spec.model, list[str](), {}
     for role, source in checkpoint_sources(spec.model):
         try:
             if _settled(role, source, m.storage_options, problems):
@@ -145,7 +148,7 @@ def local_model_problems(spec: JobSpec, notes: list[str] | None = None) -> list[
         except Exception as e:
             problems.append(_unresolved(role, source, e))
     if len(vocabs) == 2:
-        problem = vocab_problem(vocabs["target"], vocabs["draft"], m.draft.path)
+        problem = vocab_problem(vocabs["target"], vocabs["draft"], str(m.draft.path))
         if problem:
             problems.append(problem)
     return problems
