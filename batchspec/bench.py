@@ -27,8 +27,9 @@ from pathlib import Path
 import torch
 
 from .engine import DraftSpec, Engine, FixedK, GenerationConfig, SamplingParams
+from .engine.api import AdaptiveK
 from .engine.engine import measure_costs
-from .engine.generate import AdaptiveK, generate
+from .engine.generate import generate
 from .policy import Costs, LengthProfile, Policy, expected_tokens
 from .rates import acceptance_rate, mean_acceptance_length, per_token_acceptance
 from .runner.checkpoints import cache_root, fetch_prefix

@@ -351,8 +351,8 @@ def lossless_cell(target_dir: str | Path, kind: str, prompts: list[str], max_new
     import torch
     from transformers import AutoModelForCausalLM
 
+    from .engine.api import ModelLoadError
     from .engine.engine import DraftSpec, Engine
-    from .engine.models import ModelLoadError
 
     try:
         engine = Engine.load(str(target_dir), DraftSpec(kind=kind, path=str(draft_dir) if draft_dir else None,

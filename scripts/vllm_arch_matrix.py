@@ -41,7 +41,7 @@ CELL = r"""
 import json, os, sys
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 from batchspec.engine.backend import load_backend
-from batchspec.engine.models import ModelLoadError
+from batchspec.engine.api import ModelLoadError
 from batchspec.spec import load_spec
 job, sets, ids, max_new = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
 spec = load_spec(job, sets)

@@ -78,7 +78,7 @@ def test_acceptance_of_self_and_unrelated_drafts(models_dir, prompts, family):
 
 
 def _generate_with(engine, ids, eos=(), k=4, max_new=MAX_NEW, stop_check=None, proposer=True):
-    from batchspec.engine.generate import FixedK
+    from batchspec.engine.api import FixedK
 
     config = GenerationConfig(max_new, SamplingParams(), tuple(eos), engine.tokenizer.pad_token_id)
     return generate(engine.target.model, ids, config, engine.new_proposer() if proposer else None, FixedK(k),

@@ -267,7 +267,7 @@ def test_only_auto_falls_back_and_only_to_a_draft_kind_hf_serves(models_dir, tmp
     """Without starting vLLM: a vllm load that fails is the actor's failure on backend vllm and
     for a draft kind only vLLM has (mtp); on auto with a kind hf serves, the actor runs hf."""
     import batchspec.engine.backend as backend
-    from batchspec.engine.models import ModelLoadError
+    from batchspec.engine.api import ModelLoadError
     from batchspec.runner.worker import ShardRunner
 
     real = backend.load_backend

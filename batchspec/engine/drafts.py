@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from . import cache as kv
-from .models import ModelLoadError, decoder_layers
+from .api import ModelLoadError
+from .models import decoder_layers
 from .sampling import DRAFT, SamplingParams, logits_to_probs, sample_from
 from .sources import vocab_problem
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from ..draft_kinds import HF_KINDS, LEARNED_KINDS
-from .api import BatchResult, Completion, DraftLength
+from .api import AdaptiveK, BatchResult, Completion, DraftLength, FixedK, SamplingParams
 from .drafts import ModelDraft, NgramDraft, check_tokenizers_compatible, layer_skip_view, quantized_copy
-from .generate import AdaptiveK, FixedK, GenerationConfig, generate
+from .generate import GenerationConfig, generate
 from .models import (
     LoadedModel,
     ModelLoadError,
@@ -24,7 +24,7 @@ from .models import (
     load_model,
     serving_problem,
 )
-from .sampling import RowRandom, SamplingParams
+from .sampling import RowRandom
 
 DRAFT_KINDS = HF_KINDS  # the kinds this engine serves (draft_kinds.py)
 

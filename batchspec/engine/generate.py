@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 
 from . import cache as kv
-from .api import AdaptiveK, BatchResult, DraftLength, FixedK, RoundTiming, RowOutput, RowStats  # noqa: F401
+from .api import BatchResult, DraftLength, RoundTiming, RowOutput, RowStats
 from .sampling import SAMPLE, RowRandom, SamplingParams, gather_uniforms, logits_to_probs, sample_from
 from .verify import accepted_prefix, greedy_verify, rejection_verify
 
@@ -66,7 +66,7 @@ def generate(
     device = next(model.parameters()).device
     params = config.sampling
     if not params.greedy and randoms is None:
-        raise ValueError("sampling needs one RowRandom per row (see sampling.row_seed)")
+        raise ValueError("sampling needs one RowRandom per row (see api.row_seed)")
     B = len(prompts)
     start = time.perf_counter()
     outputs = [RowOutput([], RowStats(prompt_tokens=len(p))) for p in prompts]

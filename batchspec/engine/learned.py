@@ -50,8 +50,9 @@ from torch import nn
 
 from ..errors import error_line
 from . import cache as kv
+from .api import ModelLoadError
 from .drafts import Proposal, fit_vocab
-from .models import ModelLoadError, resolve_model_path
+from .models import resolve_model_path
 from .sampling import DRAFT, SamplingParams, logits_to_probs, sample_from
 from .sources import config_problem, local_source_problem
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .api import ModelLoadError  # noqa: F401  (raised here; defined on the seam)
+from .api import ModelLoadError
 from .sources import local_source_problem
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .api import SamplingParams, row_seed  # noqa: F401  (row_seed: re-exported for callers here)
+from .api import SamplingParams
 
 DRAFT, ACCEPT, SAMPLE = 0, 1, 2
 

@@ -175,7 +175,7 @@ def _engine(LLM, args: dict, spec_model):
     """vllm.LLM(**args); what vLLM refuses (an architecture it does not know, a draft that does not
     fit, too little memory) becomes a ModelLoadError of one line, which fails the actor's shards with
     the reason instead of killing the actor into a page of ActorDiedError."""
-    from .models import ModelLoadError
+    from .api import ModelLoadError
 
     try:
         return LLM(**args)
@@ -358,7 +358,7 @@ class VLLMBackend:
         except Exception as e:
             # The first forward is where vLLM finds what its kernels cannot run, e.g. on CPU
             # "Unsupported CPU attention configuration: head_dim=16": a model it cannot serve.
-            from .models import ModelLoadError
+            from .api import ModelLoadError
 
             raise ModelLoadError(f"vLLM cannot serve {_what(spec_model)}: its first forward failed: "
                                  f"{error_line(e, 400)}") from e

@@ -37,11 +37,11 @@ class ShardProgress(Protocol):
 S = TypeVar("S", bound=ShardProgress)
 
 
-def _expected_new(shard: ShardProgress) -> float:
-    """The new tokens a shard's rows are expected to produce (its profile's, kept current by the runner)."""
+def _profile(shard: ShardProgress) -> LengthProfile:
+    """The shard's length profile (its expected new tokens kept current by the runner)."""
     if shard.profile is None:
         raise ValueError("a shard is profiled when it is opened, before any decision")
-    return shard.profile.expected_new_tokens
+    return shard.profile
 
 
 class ActorPolicy:
@@ -75,12 +75,11 @@ class ActorPolicy:
     def decide(self, shard: ShardProgress, batches_off: int = 0) -> tuple[Decision, bool]:
         """The policy's next decision for the shard (its profile up to date), and whether it is
         recorded as a new one (it differs from the last, or the last was a probe)."""
-        if shard.profile is None:
-            raise ValueError("a shard is profiled when it is opened, before any decision")
+        profile = _profile(shard)
         last = shard.decisions[-1] if shard.decisions else None
         # A probe is not "on" for the hysteresis: after it, speculation must earn 1 + margin to stay on.
         state = None if last is None or last.probes else last.speculate
-        d = self.mark_remembered(self.policy.decide(shard.profile, state, batches_off, at_row=shard.done))
+        d = self.mark_remembered(self.policy.decide(profile, state, batches_off, at_row=shard.done))
         new = last is None or d.speculate != last.speculate or d.k != last.k or last.probes
         if new:
             shard.decisions.append(d)
@@ -112,7 +111,7 @@ class ActorPolicy:
         new tokens, so the rows' mean profile predicts their sum."""
         if len({(d.speculate, d.k) for _, d in decided}) < 2 or self.policy.costs is None:
             return list(decided)
-        left = [(w.pending_prompt_lengths(), _expected_new(w)) for w, _ in decided]
+        left = [(w.pending_prompt_lengths(), _profile(w).expected_new_tokens) for w, _ in decided]
         n = sum(len(lengths) for lengths, _ in left)
         profile = LengthProfile([p for lengths, _ in left for p in lengths],
                                 sum(expected * len(lengths) for lengths, expected in left) / n)
@@ -181,7 +180,7 @@ class ActorPolicy:
         a shard and its prompt length) earn 1 + margin, as any "off" must to turn on. Where the
         remembered acceptance still holds, the check costs the draft's prefill and a few
         speculative steps."""
-        expected = sum(_expected_new(shard) for shard, _ in rows) / len(rows)  # by the rows in this call
+        expected = sum(_profile(shard).expected_new_tokens for shard, _ in rows) / len(rows)  # by the rows in this call
         profile = LengthProfile([length for _, length in rows], expected)
         costs = self.costs_by_batch[concurrency]
         k = decision.k

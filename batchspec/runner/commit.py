@@ -59,9 +59,8 @@ def commit_shard(work: ShardWork, store: OutputStore, engine: Backend, job_id: s
 def output_row(shard: Shard, r: RowInput, result: tuple[Completion, Decision, int] | None, attempt: int,
                engine: Backend, worker: str) -> dict:
     """One output row (schema v1, runner/store.py): a completion with its stats, or an error row."""
-    e = engine
     base = {"id": r.id, "shard": shard.shard, "row_index": r.row_index, "attempt": attempt, "worker": worker,
-            "target_model": e.target_source, "prompt_sha256": prompt_hash(r.prompt) if r.prompt else None,
+            "target_model": engine.target_source, "prompt_sha256": prompt_hash(r.prompt) if r.prompt else None,
             "prompt_tokens": len(r.token_ids)}
     if result is None:
         return {**base, "completion": None, "finish_reason": "error", "error": r.error, "completion_tokens": 0,
@@ -74,12 +73,12 @@ def output_row(shard: Shard, r: RowInput, result: tuple[Completion, Decision, in
     on = decision.speculate or s.draft_tokens > 0
     k = decision.k if decision.speculate else decision.figures.k
     return {**base, "completion": out.text, "finish_reason": s.finish_reason, "error": None,
-            "completion_tokens": s.completion_tokens, "spec_enabled": on, "draft_kind": e.draft_kind if on else None,
+            "completion_tokens": s.completion_tokens, "spec_enabled": on, "draft_kind": engine.draft_kind if on else None,
             "num_speculative_tokens": k if on else None, "draft_tokens": s.draft_tokens,
             "accepted_tokens": s.accepted_tokens, "spec_rounds": s.spec_rounds,
             "acceptance_rate": acceptance_rate(s.accepted_tokens, s.draft_tokens) if on else None,
             "ttft_s": s.ttft_s, "latency_s": s.latency_s, "batch_size": batch_size,
-            "draft_model": e.draft_source if on else None}
+            "draft_model": engine.draft_source if on else None}
 
 
 def rows_out_errors(rows: list[dict]) -> list[dict]:

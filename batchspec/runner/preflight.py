@@ -66,8 +66,9 @@ def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None =
             return quick
     from transformers import AutoConfig, AutoTokenizer
 
+    from ..engine.api import ModelLoadError
     from ..engine.drafts import check_tokenizers_compatible
-    from ..engine.models import ModelLoadError, attention_window, serving_problem
+    from ..engine.models import attention_window, serving_problem
 
     m, problems, toks = spec.model, list[str](), {}
     for role, source in checkpoint_sources(spec.model):
