@@ -1,0 +1,278 @@
+"""A nightly-shaped job on vLLM: batchspec's per-shard policy against bare vLLM plain, bare vLLM
+spec and the per-shard oracle, side by side, at two engine concurrencies (issue 39).
+
+    python scripts/bench_nightly.py                       # 8 shards x 300 rows, default and 64 concurrency
+    python scripts/bench_nightly.py --rows 300 --repeats 2 --concurrency 256,64 --out bench-nightly.json
+
+The data (written here, seeded): the demo's synthetic contracts (the draft's domain) and the same
+contracts with the words of each line shuffled (out of domain: the draft's acceptance is lower),
+each as short prompts (one contract) and as prefill-heavy ones (three contracts in one prompt):
+
+    legal-short x3, scrambled-short x3, legal-long x1, scrambled-long x1   (rows each: --rows)
+
+The job is the demo job (draft kind `model`, k = 4, greedy, stop at a newline) with
+max_new_tokens 96 and `model.backend: vllm`. Per concurrency and repetition, in this order, each
+in its own process:
+
+    bare plain     LLM(...) without speculation, a warm-up call, one timed LLM.generate over every
+                   row; then one timed call per shard ("apart")
+    bare spec      the same with the job's speculative config at k = 4
+    auto first     `batchspec submit` with nothing remembered (an empty BATCHSPEC_POLICY_MEMORY)
+    auto remembered  the same job again, starting from what the first run left in its memory
+
+Reported per configuration: generation seconds (bare: the timed call; batchspec: the shards'
+generate_s summed, which on one actor is the actor's generation time) and whole-job wall; the
+per-shard oracle is the sum over shards of the faster of bare plain and bare spec run apart. For
+batchspec: each shard's decision against the arm its domain's bare runs favour, the saving the
+report prints against bare plain - batchspec measured here, and greedy agreement with bare plain
+on every row. Threads: the actor's cpus_per_actor (2) and the bare processes' torch default on
+this machine (2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_vllm import batchspec, child_result  # noqa: E402
+
+SHARDS = [("legal-short", 3), ("scrambled-short", 3), ("legal-long", 1), ("scrambled-long", 1)]
+
+# One engine, every row in one timed call, then each shard in a timed call of its own.
+BARE = r"""
+import json, os, sys, time
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+cfg = json.loads(open(sys.argv[1]).read())
+from vllm import LLM, SamplingParams
+llm = LLM(**cfg["engine"])
+params = SamplingParams(temperature=0.0, max_tokens=cfg["max_new_tokens"], stop=cfg["stop"] or None)
+shards = {name: [{"prompt_token_ids": ids} for ids in rows] for name, rows in cfg["shards"].items()}
+every = [p for rows in shards.values() for p in rows]
+llm.generate(every[:2], params, use_tqdm=False)  # warm-up
+t = time.perf_counter()
+outs = llm.generate(every, params, use_tqdm=False)
+gen = time.perf_counter() - t
+apart = {}
+for name, rows in shards.items():
+    t = time.perf_counter()
+    llm.generate(rows, params, use_tqdm=False)
+    apart[name] = time.perf_counter() - t
+print("RESULT" + json.dumps({"generate_s": gen, "apart_s": apart, "completions": [o.outputs[0].text for o in outs],
+                             "tokens": sum(len(o.outputs[0].token_ids) for o in outs)}))
+"""
+
+
+def scramble(text: str, rng: random.Random) -> str:
+    """The contract with the words of each line shuffled: the same vocabulary, out of the draft's domain."""
+    lines = []
+    for line in text.split("\n"):
+        words = line.split(" ")
+        rng.shuffle(words)
+        lines.append(" ".join(words))
+    return "\n".join(lines)
+
+
+def write_data(out: Path, rows: int) -> dict[str, str]:
+    """The 8 shards as Parquet files; returns shard file stem -> domain ("legal" or "scrambled")."""
+    from batchspec.demo.corpus import examples
+
+    out.mkdir(parents=True, exist_ok=True)
+    rng, domains, offset = random.Random(39), {}, 50_000  # seeds past the demo's own shards
+    for kind, count in SHARDS:
+        domain, shape = kind.split("-")
+        per_row = 3 if shape == "long" else 1
+        for s in range(count):
+            ex = examples("demo", rows * per_row, offset=offset)
+            offset += rows * per_row
+            texts = ["\n".join(e["contract"] for e in ex[i * per_row:(i + 1) * per_row]) for i in range(rows)]
+            if domain == "scrambled":
+                texts = [scramble(t, rng) for t in texts]
+            name = f"{kind}-{s}"
+            ids = [f"{name}-{i:04d}" for i in range(rows)]
+            pq.write_table(pa.table({"doc_id": ids, "contract": texts}), out / f"{name}.parquet")
+            domains[name] = domain
+    return domains
+
+
+def write_job(tmp: Path, data: Path, concurrency: int | None) -> Path:
+    import yaml
+
+    job = yaml.safe_load((ROOT / "jobs/summarize_legal.yaml").read_text())
+    job["name"] = "nightly"
+    job["input"]["path"] = str(data)
+    job["model"]["target"] = str(ROOT / job["model"]["target"])
+    job["model"]["draft"]["path"] = str(ROOT / job["model"]["draft"]["path"])
+    job["model"]["backend"] = "vllm"
+    if concurrency:
+        job["model"]["vllm_args"] = {"max_num_seqs": concurrency}
+    job["generation"]["max_new_tokens"] = 96
+    path = tmp / f"nightly-{concurrency or 'default'}.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def shard_prompts(job: Path) -> dict[str, list[list[int]]]:
+    """Each shard's rows as token ids, in plan order, as the runner builds them."""
+    from transformers import AutoTokenizer
+
+    from batchspec.runner.plan import plan_shards
+    from batchspec.runner.read import read_shard
+    from batchspec.spec import load_spec
+
+    spec = load_spec(str(job))
+    tok = AutoTokenizer.from_pretrained(spec.model.target)
+    out = {}
+    for shard in plan_shards(spec.input.path):
+        texts = [spec.input.template.format(**r) for r in read_shard(shard, spec).to_pylist()]
+        out[Path(shard.path).stem] = tok(texts, add_special_tokens=True)["input_ids"]
+    return out
+
+
+def bare(job: Path, shards: dict[str, list[list[int]]], speculative: bool) -> dict:
+    from batchspec.engine.vllm_backend import engine_args
+    from batchspec.spec import load_spec
+
+    spec = load_spec(str(job))
+    args = engine_args(spec.model, spec.speculation.num_speculative_tokens, on_gpu=False)
+    args.pop("per_request_spec_decode_metrics", None)
+    if speculative:
+        args["speculative_config"].pop("num_speculative_tokens_per_batch_size")
+    else:
+        args["speculative_config"] = None
+    cfg = {"engine": args, "shards": shards, "max_new_tokens": spec.generation.max_new_tokens,
+           "stop": spec.generation.stop}
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(cfg, f)
+        f.flush()
+        t = time.perf_counter()
+        res = child_result(BARE, f.name, what="bare vLLM")
+    return {**res, "wall_s": time.perf_counter() - t}
+
+
+def auto(job: Path, out: Path, memory: Path) -> dict:
+    """One batchspec submit, with its report's saving and each shard's decisions."""
+    from batchspec.report import build_report
+    from batchspec.runner.store import OutputStore
+
+    res = batchspec(job, "vllm", out, memory=memory)
+    report = build_report(str(out))
+    ms = OutputStore(str(out)).manifests()
+    res["saving"] = {k: report.get(k) for k in ("estimated_saving_s", "measured_saving_s", "saving_interval_s")}
+    # A shard "speculated" when its last decision (what its rows ran under, after any probe) did.
+    res["speculated"] = {Path(m["path"]).stem: bool(m["decisions"] and m["decisions"][-1].get("speculate"))
+                         for m in ms.values()}
+    res["last_decision"] = {Path(m["path"]).stem: m["decisions"][-1]["reason"] if m["decisions"] else None
+                            for m in ms.values()}
+    return res
+
+
+def favoured(plain: dict, spec: dict, domains: dict[str, str]) -> dict[str, str | None]:
+    """Per domain, the arm its bare runs apart favour by >= 5% ("spec"/"plain"), None for a tie."""
+    out = {}
+    for domain in sorted(set(domains.values())):
+        names = [n for n, d in domains.items() if d == domain]
+        p, s = (sum(r["apart_s"][n] for n in names) for r in (plain, spec))
+        out[domain] = "spec" if p >= 1.05 * s else "plain" if s >= 1.05 * p else None
+    return out
+
+
+def run(args) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-nightly-"))
+    domains = write_data(tmp / "data", args.rows)
+    results: dict = {"rows": args.rows * sum(n for _, n in SHARDS), "shards": domains, "runs": []}
+    try:
+        for rep in range(args.repeats):
+            for conc in args.concurrency:
+                job = write_job(tmp, tmp / "data", None if conc == 256 else conc)
+                shards = shard_prompts(job)
+                entry = {"concurrency": conc, "repeat": rep, "order": list(shards)}
+                entry["bare_plain"] = bare(job, shards, False)
+                entry["bare_spec"] = bare(job, shards, True)
+                memory = tmp / f"memory-{conc}-{rep}"
+                entry["auto_first"] = auto(job, tmp / f"out-{conc}-{rep}-first", memory)
+                again = tmp / f"memory-{conc}-{rep}-again"
+                shutil.copytree(memory, again)
+                entry["auto_remembered"] = auto(job, tmp / f"out-{conc}-{rep}-again", again)
+                summarize(entry, domains)
+                results["runs"].append(entry)
+                print(table_row(entry), flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return results
+
+
+def summarize(e: dict, domains: dict[str, str]) -> None:
+    plain, spec = e["bare_plain"], e["bare_spec"]
+    e["oracle_s"] = sum(min(plain["apart_s"][n], spec["apart_s"][n]) for n in domains)
+    e["favoured"] = favoured(plain, spec, domains)
+    best = min(plain["generate_s"], spec["generate_s"])
+    expected, per_shard = plain["completions"], len(plain["completions"]) // len(domains)
+    for name in ("auto_first", "auto_remembered"):
+        r = e[name]
+        r["vs_best_static"] = r["generate_s"] / best
+        r["side_by_side_saving_s"] = plain["generate_s"] - r["generate_s"]
+        got = [r["by_id"].get(f"{n}-{j:04d}") for n in e["order"] for j in range(per_shard)]
+        r["identical_to_plain"] = got == expected
+        wrong = [n for n, d in domains.items() if e["favoured"][d] is not None
+                 and r["speculated"].get(n) != (e["favoured"][d] == "spec")]
+        r["wrong_decisions"] = wrong
+        r.pop("by_id", None)
+    plain.pop("completions", None)
+    spec.pop("completions", None)
+
+
+def table_row(e: dict) -> str:
+    p, s, f, m = e["bare_plain"], e["bare_spec"], e["auto_first"], e["auto_remembered"]
+
+    def saving(r):
+        rep = r["saving"].get("measured_saving_s")
+        rep = r["saving"].get("estimated_saving_s") if rep is None else rep
+        return f"{'-' if rep is None else f'{rep:.1f}'} vs {r['side_by_side_saving_s']:.1f}"
+
+    return (f"| {e['concurrency']} | {p['generate_s']:.2f} | {s['generate_s']:.2f} | {e['oracle_s']:.2f} "
+            f"| {f['generate_s']:.2f} ({f['vs_best_static']:.2f}x) | {m['generate_s']:.2f} ({m['vs_best_static']:.2f}x) "
+            f"| {f['wall_s']:.1f} / {m['wall_s']:.1f} | {e['favoured']} | {len(f['wrong_decisions'])} / {len(m['wrong_decisions'])} "
+            f"| {saving(f)} / {saving(m)} | {f['identical_to_plain'] and m['identical_to_plain']} |")
+
+
+HEADER = ("| concurrency | bare plain s | bare spec s | oracle s (apart) | auto first s | auto remembered s "
+          "| auto wall s (first / rem.) | domain favours | wrong decisions (first / rem.) "
+          "| reported vs side-by-side saving s (first / rem.) | identical |\n|" + "---|" * 11)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=300, help="rows per shard (8 shards)")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--concurrency", default="256,64", help="engine max_num_seqs values, comma-separated (256: vLLM's default)")
+    ap.add_argument("--out", default=None, help="write every figure as JSON here")
+    args = ap.parse_args()
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    print(f"threads: {os.cpu_count()} cores; {args.rows * 8} rows in 8 shards", flush=True)
+    print(HEADER, flush=True)
+    results = run(args)
+    for conc in args.concurrency:
+        runs = [r for r in results["runs"] if r["concurrency"] == conc]
+        if len(runs) > 1:
+            med = {k: statistics.median(r[k]["generate_s"] for r in runs) for k in ("bare_plain", "bare_spec", "auto_first", "auto_remembered")}
+            print(f"median at {conc}: " + ", ".join(f"{k} {v:.2f}s" for k, v in med.items()))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
