@@ -12,10 +12,16 @@ use the one definition in rates.py:
                             a restarted actor's again; not in cost_usd, which is the shards' own time
     startup_cost_usd      = startup_actor_seconds / 3600 * gpu_hour_usd
     usd_per_million_tokens = cost_usd / completion_tokens * 1e6
-    saving (target steps) = accepted - draft_tokens * c - spec_rounds * (v(k) - 1)   per speculative row,
-                            with c and v(k) the actor's measured costs (manifest "costs"), converted to
-                            seconds with the measured step time and the row's batch size; over the rows
-                            whose shard kept costs (saving_rows), None when no speculating row's did.
+    measured_saving_s     = sum of the shard manifests' "saving" (vllm: measured in the run from each
+                            speculating row's verify steps and accepted tokens and the run's step lines,
+                            policy/planner.py Saving), with saving_interval_s the sum of their 95%
+                            bounds (their errors share one step ratio, so the bounds add); over
+                            measured_rows; None when no shard has one
+    estimated_saving_s    = for the other shards' speculating rows (hf): accepted - draft_tokens * c -
+                            spec_rounds * (v(k) - 1) target steps per row, with c and v(k) the actor's
+                            measured costs (manifest "costs"), converted to seconds with the measured
+                            step time and the row's batch size; over the rows whose shard kept costs
+                            (saving_rows), None when no speculating row's did.
 """
 
 from __future__ import annotations
@@ -58,11 +64,15 @@ def _saving(rows: pl.DataFrame, manifests: dict[str, dict], spec_rows: int) -> d
     finished while it measured keeps none (docs/policy.md). 0.0 when nothing speculated; None when
     rows speculated but none could be estimated: the saving is unknown then, not zero (a 600-row
     vllm shard at acceptance 0.88 read "estimated saving 0.0s vs plain")."""
+    measured = [m["saving"] for m in manifests.values() if m.get("saving")]
+    out = {"measured_saving_s": sum(x["seconds"] for x in measured) if measured else None,
+           "saving_interval_s": [sum(x["low"] for x in measured), sum(x["high"] for x in measured)] if measured else None,
+           "measured_rows": sum(x["rows"] for x in measured)}
     if not spec_rows:
-        return {"estimated_saving_s": 0.0, "saving_rows": 0}
+        return {**out, "estimated_saving_s": 0.0, "saving_rows": 0}
     total, counted = 0.0, 0
     for shard, m in manifests.items():
-        if not m.get("costs"):
+        if not m.get("costs") or m.get("saving"):
             continue
         costs = Costs.from_json(m["costs"])
         spec = rows.filter((pl.col("shard") == shard) & pl.col("spec_enabled") & (pl.col("batch_size") > 0))
@@ -71,7 +81,8 @@ def _saving(rows: pl.DataFrame, manifests: dict[str, dict], spec_rows: int) -> d
             steps = r["accepted_tokens"] - r["draft_tokens"] * costs.c - r["spec_rounds"] * (costs.v(k) - 1)
             total += steps * costs.target_step_s / r["batch_size"]  # a step serves batch_size rows at once
             counted += 1
-    return {"estimated_saving_s": total if counted else None, "saving_rows": counted}
+    estimated = spec_rows - out["measured_rows"]
+    return {**out, "estimated_saving_s": total if counted else (0.0 if estimated <= 0 else None), "saving_rows": counted}
 
 
 def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd: float | None = None) -> dict[str, Any]:
@@ -135,14 +146,30 @@ def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd:
 NO_SAVING_COSTS = "no step costs were kept for the speculating shards"
 
 
+def measured_saving_text(r: dict) -> str | None:
+    """The measured saving with its interval, or "no measurable saving" where the interval spans
+    zero; None when nothing was measured."""
+    if r.get("measured_saving_s") is None:
+        return None
+    low, high = r["saving_interval_s"]
+    interval = f"95% interval {low:.1f} to {high:.1f} s"
+    if low <= 0 <= high:
+        return f"no measurable saving ({r['measured_saving_s']:.1f} s, {interval})"
+    word = "saved" if low > 0 else "cost"
+    return f"speculation {word} {abs(r['measured_saving_s']):.1f} s ({interval}), measured in the run"
+
+
 def _saving_coverage(r: dict) -> str:
     """'' when the saving covers every speculating row, else over how many it does."""
-    if r["saving_rows"] >= r["spec_rows"]:
+    if r["saving_rows"] + r.get("measured_rows", 0) >= r["spec_rows"]:
         return ""
     return f"over {r['saving_rows']} of {r['spec_rows']} speculating rows; the others' shards kept no step costs"
 
 
 def _saving_text(r: dict) -> str:
+    measured = measured_saving_text(r)
+    if measured is not None and r["measured_rows"] >= r["spec_rows"]:
+        return measured
     if r["estimated_saving_s"] is None:
         return f"estimated saving unknown ({NO_SAVING_COSTS})"
     coverage = _saving_coverage(r)
@@ -174,6 +201,7 @@ def to_text(r: dict) -> str:
     lines = [
         f"{r['name']}: {r['shards_committed']} shard(s) committed"
         + (f", not committed (not counted): {', '.join(r['shards_not_committed'])}" if r["shards_not_committed"] else ""),
+        *([f"saving: {measured_saving_text(r)}"] if r.get("measured_saving_s") is not None else []),
         f"rows {r['rows']} ({r['error_rows']} error rows)  prompt tokens {r['prompt_tokens']}  completion tokens {r['completion_tokens']}",
         f"wall {r['wall_s']:.1f}s  actor-seconds {r['actor_seconds']:.1f}  {_fmt(r['tokens_per_s'], '.1f')} tok/s "
         f"({_fmt(r['tokens_per_actor_s'], '.1f')} per actor)",
@@ -258,23 +286,27 @@ def _card(label: str, value: str, note: str) -> str:
 
 
 def _headline(r: dict) -> str:
-    saving, actor_s = r["estimated_saving_s"], r["actor_seconds"]
+    actor_s = r["actor_seconds"]
+    measured = measured_saving_text(r)
+    saving = r["measured_saving_s"] if measured is not None else r["estimated_saving_s"]
     share = (f"{saving / (actor_s + saving) * 100:.0f}% of the plain-decoding time"
              if saving and actor_s + saving > 0 else "")
-    if saving is None:
-        saving_note = (f"{NO_SAVING_COSTS} (on vllm, a call whose rows finished while it measured keeps none), "
-                       "so there is nothing to estimate it from")
+    if measured is not None:
+        saving_note = "; ".join(x for x in (measured, share, "against plain decoding of the same rows, priced with "
+                                            "the run's own step measurements (docs/policy.md)") if x)
+    elif saving is None:
+        saving_note = f"{NO_SAVING_COSTS}, so there is nothing to estimate it from"
     else:
         saving_note = "; ".join(x for x in (share, "estimated vs plain decoding of the same rows, from each actor's "
                                             "measured draft and verify costs and the rows' accepted and proposed "
                                             "tokens", _saving_coverage(r)) if x)
     q = r["acceptance_rate_quantiles"]
     return "<div class='cards'>" + "".join([
+        _card("Saving from speculation", "unknown" if saving is None else f"{saving:.1f} s", saving_note),
         _card("Cost", f"${r['cost_usd']:.4f}", f"{actor_s / 3600:.4f} actor-hours at ${r['gpu_hour_usd']}/actor-hour"
               + _startup_note(r, "; ")),
         _card("Per million tokens", f"${_fmt(r['usd_per_million_tokens'], '.2f')}",
               f"{r['completion_tokens']} completion tokens, {r['rows']} rows"),
-        _card("Saving from speculation", "unknown" if saving is None else f"{saving:.1f} s", saving_note),
         _card("Acceptance", _fmt(r["acceptance_rate"], ".3f"),
               f"accepted / proposed draft tokens over {r['spec_rows']} speculating rows; per row p10 {_fmt(q['p10'])}, "
               f"p50 {_fmt(q['p50'])}, p90 {_fmt(q['p90'])}; {_fmt(r['mean_acceptance_length'])} tokens per target pass"),

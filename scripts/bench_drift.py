@@ -94,7 +94,6 @@ def in_process(tmp: Path, repeats: int) -> None:
             job_file = next((tmp / "memory").glob("job-*.json"))
             saved = json.loads(job_file.read_text())
             saved["acceptance"] = {"accepted": 64 * acceptance, "trials": 64.0}
-            saved["recheck"] = {"skipped": 1, "confirmed": 1} if due else {"skipped": 0, "confirmed": 2}
             job_file.write_text(json.dumps(saved))
         runner = ShardRunner(spec, f"{name.replace(' ', '-')}-{runs}", engine=engine)
         manifests = runner.run_many(plan_shards(spec.input.path))

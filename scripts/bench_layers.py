@@ -11,7 +11,7 @@ repeated prompts vLLM's prefix cache hides their prefill). Interleaved, nothing 
                              the job's prompts, one LLM.generate over every prompt
     backend call             batchspec's vllm backend (its engine, its warm-up) and one call
                              over every prompt as a first run makes it: a step rule that times
-                             plain and k steps and keeps the faster (policy.StepArms), no runner
+                             plain and k steps and keeps the faster (policy.InterleavedSteps), no runner
     runner, no Ray           batchspec's ShardRunner (the actor's code: reading, profiling, the
                              policy's measuring call, per-row stats, commits) in a plain process
     runner in a Ray worker   the same as one task in a worker process of a local Ray, started as
@@ -65,13 +65,13 @@ print("RESULT" + json.dumps(res))
 BACKEND = r"""
 import json, sys, time
 from batchspec.engine.backend import load_backend
-from batchspec.policy import StepArms
+from batchspec.policy import InterleavedSteps
 from batchspec.spec import load_spec
 spec = load_spec(sys.argv[1])
 ids, gen, k = json.loads(open(sys.argv[2]).read()), spec.generation, spec.speculation.num_speculative_tokens
 backend = load_backend("vllm", spec.model, k_default=k)
 t = time.perf_counter()
-backend.generate(ids, gen.max_new_tokens, stop=tuple(gen.stop), draft_length=StepArms((k, 0)))
+backend.generate(ids, gen.max_new_tokens, stop=tuple(gen.stop), draft_length=InterleavedSteps(k, dense=True))
 print("RESULT" + json.dumps({"generate_s": time.perf_counter() - t}))
 """
 

@@ -87,7 +87,7 @@ def scramble(text: str, rng: random.Random) -> str:
 
 
 def write_data(out: Path, rows: int) -> dict[str, str]:
-    """The 8 shards as Parquet files; returns shard file stem -> domain ("legal" or "scrambled")."""
+    """The 8 shards as Parquet files; returns shard file stem -> kind ("legal-short", "scrambled-long", ...)."""
     from batchspec.demo.corpus import examples
 
     out.mkdir(parents=True, exist_ok=True)
@@ -104,7 +104,7 @@ def write_data(out: Path, rows: int) -> dict[str, str]:
             name = f"{kind}-{s}"
             ids = [f"{name}-{i:04d}" for i in range(rows)]
             pq.write_table(pa.table({"doc_id": ids, "contract": texts}), out / f"{name}.parquet")
-            domains[name] = domain
+            domains[name] = kind  # a shard's kind: its domain and its length profile
     return domains
 
 
@@ -181,7 +181,8 @@ def auto(job: Path, out: Path, memory: Path) -> dict:
 
 
 def favoured(plain: dict, spec: dict, domains: dict[str, str]) -> dict[str, str | None]:
-    """Per domain, the arm its bare runs apart favour by >= 5% ("spec"/"plain"), None for a tie."""
+    """Per kind of shard (domain and length profile), the arm its bare runs apart favour by >= 5%
+    ("spec"/"plain"), None for a tie."""
     out = {}
     for domain in sorted(set(domains.values())):
         names = [n for n, d in domains.items() if d == domain]

@@ -341,7 +341,7 @@ import json, statistics, sys, time
 from vllm import LLM, SamplingParams as VParams
 from batchspec.engine.backend import load_backend
 from batchspec.engine.vllm_backend import engine_args
-from batchspec.policy import StepArms
+from batchspec.policy import InterleavedSteps
 from batchspec.spec import load_spec
 spec = load_spec(sys.argv[1])
 ids, repeats = json.loads(sys.argv[2]), int(sys.argv[3])
@@ -359,13 +359,14 @@ for llm in (bare_spec, bare_plain):
 kept = {}
 
 def first_call():
-    rule = StepArms((k, 0))
+    rule = InterleavedSteps(k, dense=True, guard=False)
     ours.generate(ids, gen.max_new_tokens, stop=tuple(gen.stop), draft_length=rule)
-    kept["k"] = rule.k
+    speedup = rule.speedup(len(ids))
+    kept["k"] = k if speedup is None or speedup[0] >= 1.0 else 0
 
 def later_call():
     kk = kept.get("k", k)
-    ours.generate(ids, gen.max_new_tokens, stop=tuple(gen.stop), speculate=kk > 0, draft_length=StepArms((kk,)) if kk else 0)
+    ours.generate(ids, gen.max_new_tokens, stop=tuple(gen.stop), speculate=kk > 0, draft_length=InterleavedSteps(kk) if kk else 0)
 
 calls = {"bare vLLM plain": lambda: bare_plain.generate(prompts, params, use_tqdm=False),
          "bare vLLM spec": lambda: bare_spec.generate(prompts, params, use_tqdm=False),

@@ -176,36 +176,3 @@ def test_a_relative_model_path_is_remembered_by_where_it_points(models_dir, tmp_
         spec = spec.model_copy(update={"model": spec.model.model_copy(update={"target": "target"})})
         keys.append(PolicyMemory.for_spec(spec, "hf").costs_path)
     assert keys[0] != keys[1]
-
-
-def test_a_remembered_off_is_checked_at_gaps_that_double_while_it_holds(models_dir, tmp_path, memory_dir):
-    """The schedule of checks (memory.Recheck), through the file: after a run that found
-    speculation paying, the first run off from memory decides as it was left and the second
-    checks; each check that confirms "off" doubles the runs skipped until the next one (1, 2, 4,
-    8, then 8); a file of an earlier version (no "recheck") starts as after a measuring run."""
-    from batchspec.policy import Acceptance
-    from batchspec.runner.memory import Recheck
-
-    spec = _spec(models_dir, tmp_path, "a")
-    mem = PolicyMemory.for_spec(spec, "vllm")
-    mem.save({}, Acceptance(2.0, 10.0), [5], "night-0", "on")
-    runs = []
-    for night in range(1, 17):
-        mem = PolicyMemory.for_spec(spec, "vllm")
-        mem.load()
-        due = mem.recheck.due()
-        runs.append(due)
-        mem.save({}, Acceptance(2.0, 10.0), [5], f"night-{night}", "off" if due else "skipped")
-    checked = [i + 1 for i, due in enumerate(runs) if due]
-    assert checked == [2, 4, 7, 12]  # 1, 1, 2, 4 runs skipped before each
-    saved = json.loads(mem.job_path.read_text())["recheck"]
-    assert saved == {"skipped": 4, "confirmed": 4}
-    assert Recheck(8, 9).due() and not Recheck(7, 9).due()  # never more than 8 skipped
-    assert Recheck(3, 9).after("on") == Recheck() and Recheck(3, 2).after(None) == Recheck(3, 2)
-
-    data = json.loads(mem.job_path.read_text())
-    del data["recheck"]
-    mem.job_path.write_text(json.dumps(data))
-    older = PolicyMemory.for_spec(spec, "vllm")
-    older.load()
-    assert older.recheck == Recheck() and not older.recheck.due() and Recheck(1, 0).due()

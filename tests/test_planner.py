@@ -8,7 +8,17 @@ from dataclasses import dataclass, field
 import pytest
 
 from batchspec.engine.api import AdaptiveK, FixedK
-from batchspec.policy import ActorPolicy, CostModelK, Costs, Decision, DecisionKind, LengthProfile, Policy, StepArms
+from batchspec.policy import (
+    ActorPolicy,
+    CostModelK,
+    Costs,
+    Decision,
+    DecisionKind,
+    InterleavedSteps,
+    LengthProfile,
+    Policy,
+    expected_tokens,
+)
 
 
 def costs(batch=8, step=0.010, draft=0.002, prefill=0.0001, draft_prefill=0.00002) -> Costs:
@@ -59,71 +69,73 @@ def test_an_off_is_written_as_data_and_rendered_not_parsed():
     assert d.reason == "off: " + d.body() and d.to_json()["kind"] == "off"
 
 
-def test_shards_that_decide_differently_share_one_call_under_a_joint_decision():
-    plan = planner(alpha=0.7)
-    short, long = Shard([10] * 8, expected_new=64), Shard([2000] * 8, expected_new=4)
-    decided = [(short, plan.decide(short)[0]), (long, plan.decide(long)[0])]
-    assert decided[0][1].speculate != decided[1][1].speculate  # the short one speculates alone, the long one not
-    together = plan.joint(decided)
-    (s, ds), (t, dt) = together
-    assert (ds.speculate, ds.k) == (dt.speculate, dt.k) and ds.call is not None and ds.call.rows == 16
-    assert ds.call.alone.speculate and not dt.call.alone.speculate  # each keeps what it would have got alone
-    assert short.decisions[-1] is ds and long.decisions[-1] is dt  # recorded in place of the shard's own
-    assert "for the 16 rows of this call's 2 shards together (this shard alone: on at k=" in ds.reason
+def _pairs(rule, spec=(0.030, 8 * 3.5), plain=(0.010, 8), rows=8, steps=60):
+    """Drive an InterleavedSteps rule as the vllm backend does, with one prefill step first."""
+    last = None
+    for i in range(steps):
+        k = rule.next_k()
+        if i == 0:
+            rule.observe_step(k, 0.05, rows, rows, True)
+        else:
+            seconds, tokens = spec if k else plain
+            if last is not None and k != last:
+                tokens = (spec if last else plain)[1]
+            rule.observe_step(k, seconds, tokens, rows, False)
+        last = k
 
 
-def test_a_remembered_off_is_checked_when_due_and_skipped_otherwise():
-    plan = planner(alpha=0.05, measure_in_call=True)
-    plan.costs_by_batch[8] = costs()
-    plan.remembered = "job night-1 at 2026-12-04T01:00:00"
-    shard = Shard([20] * 8)
-    off, _ = plan.decide(shard)
-    assert off.rests_on_remembered_acceptance and off.remembered == plan.remembered
-    assert plan.check_remembered([(shard, off)], 8) == [(shard, off)] and plan.outcome == "skipped"  # not due
-    plan.recheck = True
-    ((_, check),) = plan.check_remembered([(shard, off)], 8)
-    assert check.kind is DecisionKind.CHECKING and check.speculate and check.k == off.figures.k
-    assert check.reason == (f"on (checking): the remembered {off.body()}; this call speculates until its own steps "
-                            f"show whether that still holds (from what {plan.remembered} measured on this node)")
-    assert check.to_json()["numbers"]["checking"] and shard.decisions[-1] is check
-    plan.recheck = True
-    assert plan.check_remembered([(shard, off)], 64) == [(shard, off)]  # no costs at 64: not judged, not checked
+def test_a_look_takes_an_equal_share_of_the_calls_concurrency_from_each_shard():
+    plan = planner(measure_in_call=True)
+    assert plan.look_sizes([300] * 8, 256) == [32] * 8
+    assert plan.look_sizes([24] * 4, 64) == [16] * 4
+    assert plan.look_sizes([5, 300], 16) == [5, 8]  # all of a small shard; at least LOOK_LEAST of a big one
+    d, rule = plan.look(64, 4)
+    assert d.kind is DecisionKind.LOOK and d.speculate and d.k == 4 and d.reason.startswith("on (look): 64 rows")
+    assert isinstance(rule, InterleavedSteps) and not rule.guard and rule.dense
 
 
-def _measure(rule: StepArms, steps) -> None:
-    for k, seconds, tokens, rows, prefill in steps:
-        assert rule.next_k() == k
-        rule.observe_step(k, seconds, tokens, rows, prefill)
-
-
-def test_a_measuring_call_keeps_the_faster_arm_and_its_costs():
+def test_each_shard_is_decided_from_its_own_rows_and_the_paired_step_costs():
+    """A look's interleaved steps give the step costs at the concurrency (a k=4 step 3x a plain
+    one); then a shard whose own rows made 3.5 tokens a verify step speculates and one whose rows
+    made 1.6 does not, each citing its own figures and the steps behind the costs."""
     plan = planner(costs_known=False, measure_in_call=True)
-    decision, _ = plan.decide(Shard([20] * 8))
-    assert decision.kind is DecisionKind.MEASURING
-    rule = plan.draft_length(4, concurrency=8, per_round_k=False, adaptive=True)
-    assert isinstance(rule, StepArms) and rule.arms == (4, 0)
-    _measure(rule, [(4, 0.05, 8, 8, True), (4, 0.02, 24, 8, False), (4, 0.02, 24, 8, False),
-                    (0, 0.015, 8, 8, False), (0, 0.01, 8, 8, False), (0, 0.01, 8, 8, False)])
-    kept = plan.learn(rule, decision, 8, [20] * 8)
-    assert kept.kind is DecisionKind.KEPT and kept.speculate and kept.k == 4
-    assert kept.predicted_speedup == pytest.approx((24 / 0.02) / (8 / 0.01), rel=1e-3)
-    assert 8 in plan.costs_by_batch and plan.policy.costs is plan.costs_by_batch[8] and plan.outcome == "on"
-    guarded = plan.draft_length(4, concurrency=8, per_round_k=False, adaptive=True)
-    assert isinstance(guarded, StepArms) and guarded.arms == (4,) and guarded.guard is not None  # now decided
+    _, rule = plan.look(16, 2)
+    _pairs(rule)
+    assert plan.learn(rule, plan.look(16, 2)[0], 8, [20] * 16).kind is DecisionKind.LOOK
+    assert plan.costs_by_batch[8].v(4) == pytest.approx(3.0) and len(plan.points[0]) >= 8
+    good, bad = Shard([20] * 8, expected_new=64), Shard([20] * 8, expected_new=64)
+    alpha_good, per_step_good = plan.own_acceptance([(25, 10)] * 8, 4)  # 3.5 tokens a verify step
+    alpha_bad, per_step_bad = plan.own_acceptance([(6, 10)] * 8, 4)  # 1.6
+    on = plan.decide_own(good, alpha_good, 8, per_step_good, 8)
+    off = plan.decide_own(bad, alpha_bad, 8, per_step_bad, 8)
+    assert on.kind is DecisionKind.ON and on.speculate and off.kind is DecisionKind.OFF and not off.speculate
+    assert on.figures.tokens_per_step == 3.5 and on.figures.look_rows == 8 and on.figures.pairs >= 8
+    assert on.figures.step_ratio == pytest.approx(3.0) and good.decisions == [on] and bad.decisions == [off]
+    assert on.alpha == pytest.approx(alpha_good) and expected_tokens(alpha_good, 4) == pytest.approx(3.5)
+    assert plan.own_acceptance([], 4) == (None, None)
 
 
-def test_a_decided_call_whose_acceptance_stops_paying_turns_plain():
-    plan = planner(alpha=0.9, measure_in_call=True)
-    plan.costs_by_batch[8] = costs(draft=0.006)
-    decision, _ = plan.decide(Shard([20] * 8))
-    rule = plan.draft_length(decision.k, 8, per_round_k=False, adaptive=True)
-    rule.guard_passes = 16
-    # Each clean step at k emits one token per row: nothing accepted.
-    _measure(rule, [(decision.k, 0.02, 8, 8, False)] * 3)
-    assert rule.next_k() == 0 and rule.stopped
-    stopped = plan.learn(rule, decision, 8, [20] * 8)
-    assert stopped.kind is DecisionKind.STOPPED and not stopped.speculate and plan.outcome == "off"
-    assert stopped.reason.startswith(f"off for the rest of the call: its steps at k={decision.k} delivered")
+def test_without_step_costs_a_shard_is_measured_in_its_call():
+    plan = planner(costs_known=False, measure_in_call=True)
+    d = plan.decide_own(Shard([20] * 8), 0.8, 8, 3.0, 8)
+    assert d.kind is DecisionKind.MEASURING and d.speculate
+    rule = plan.draft_length(4, 8, per_round_k=False, adaptive=True)
+    assert isinstance(rule, InterleavedSteps) and rule.dense and rule.guard  # dense blocks, stops if slower
+
+
+def test_a_call_whose_pairs_show_speculation_slower_is_recorded_as_stopped():
+    plan = planner(measure_in_call=True)
+    plan.costs_by_batch[8] = costs()
+    shard = Shard([20] * 8)
+    d = plan.decide_own(shard, 0.9, 8, 4.0, 8)
+    rule = plan.draft_length(d.k, 8, per_round_k=False, adaptive=True)
+    assert isinstance(rule, InterleavedSteps) and not rule.dense  # costs known: sparse control blocks
+    rule = InterleavedSteps(d.k, dense=True)
+    _pairs(rule, spec=(0.030, 8 * 1.2))
+    stopped = plan.learn(rule, d, 8, [20] * 8)
+    assert stopped.kind is DecisionKind.STOPPED and not stopped.speculate
+    assert stopped.reason.startswith(f"off for the rest of the call: its steps at k={d.k} ran 0.40x plain's tokens/s at 8 rows")
+    assert stopped.figures.speedup_interval[1] < 1.0
 
 
 def test_hf_calls_get_a_per_round_rule():
@@ -140,17 +152,4 @@ def test_figures_are_typed_and_the_manifest_keeps_its_numbers():
     assert d.figures.k == d.k and d.figures.batch_size == 8 and d.figures.rows == 8
     numbers = d.to_json()["numbers"]
     assert set(numbers) == {"c", "v_k", "batch_size", "rows", "prompt_p50", "prompt_p90", "expected_new_tokens", "k"}
-    assert numbers["prompt_p50"] == 35.0 and "tokens_per_s" not in numbers  # absent figures are not written
-
-
-def test_a_check_is_judged_on_its_own_rows_with_the_margin_an_off_must_earn():
-    plan = planner(alpha=0.05, measure_in_call=True)
-    plan.costs_by_batch[8] = costs()
-    shard = Shard([20] * 8)
-    off, _ = plan.decide(shard)
-    rule = plan.check_remembered  # noqa: F841  (the check itself: test above)
-    check = Decision(DecisionKind.CHECKING, True, 4, "the remembered ...")
-    rule = plan.checking_rule(check, [(shard, 20)] * 8, 8)
-    assert rule.arms == (4,) and rule.threshold == pytest.approx(1.0 + plan.policy.margin)
-    profile = LengthProfile([20] * 8, shard.profile.expected_new_tokens)
-    assert rule.guard(0.9) == pytest.approx(plan.policy.predict(profile, 0.9, 4, plan.costs_by_batch[8]))
+    assert numbers["prompt_p50"] == 35.0 and "pairs" not in numbers  # absent figures are not written

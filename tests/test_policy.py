@@ -7,12 +7,14 @@ import pytest
 from batchspec.policy import (
     Acceptance,
     Costs,
+    InterleavedSteps,
     LengthProfile,
     Policy,
-    StepArms,
+    StepLine,
     acceptance_for,
     decode_speedup,
     expected_tokens,
+    ratio_interval,
 )
 
 
@@ -127,125 +129,95 @@ def test_cost_refresh_keeps_ratios_from_plain_rounds():
     assert (c.c, c.v(4)) == pytest.approx(before)
 
 
-def _run_steps(rule: StepArms, steps: int, rate: dict, rows: int = 96, prefill_steps: int = 1) -> list[int]:
+def _run_steps(rule: InterleavedSteps, steps: int, rate: dict, rows=96, prefill_steps: int = 1) -> list[int]:
     """Drive a rule as the vllm backend does: next_k() before each step, observe_step() after it.
-    rate[k] = (seconds, tokens) of a clean step at k; a step after a switch verifies the previous
-    k's drafts, so it is given the previous k's tokens and a cost between the two."""
+    rate[k] = (seconds, tokens) of a clean step at k (or a function of the step's index giving
+    them); a step after a switch verifies the previous k's drafts, so it is given the previous k's
+    tokens and a cost between the two. rows: a number, or a function of the step's index."""
     ks, last = [], None
     for i in range(steps):
         k = rule.next_k()
+        n = rows(i) if callable(rows) else rows
+        at = {kk: (v(i) if callable(v) else v) for kk, v in rate.items()}
         if i < prefill_steps:
-            seconds, tokens, prefill = 0.2, rows, True
+            seconds, tokens, prefill = 0.2, n, True
         elif last is not None and k != last:
-            seconds, tokens, prefill = (rate[k][0] + rate[last][0]) / 2, rate[last][1], False
+            seconds, tokens, prefill = (at[k][0] + at[last][0]) / 2, at[last][1], False
         else:
-            (seconds, tokens), prefill = rate[k], False
-        rule.observe_step(k, seconds, tokens, rows, prefill)
+            (seconds, tokens), prefill = at[k], False
+        rule.observe_step(k, seconds, tokens, n, prefill)
         ks.append(k)
         last = k
     return ks
 
 
-def test_step_arms_measure_each_arm_in_the_call_then_keep_the_faster():
-    fast_spec = {4: (0.033, 430), 0: (0.012, 96)}  # 13000 vs 8000 tokens/s: keep k=4
-    rule = StepArms((4, 0), measure_steps=2)
-    ks = _run_steps(rule, 12, fast_spec)
-    # prefill, 2 clean k=4 steps, a switch step (not counted), 2 clean plain steps, back to k=4
-    assert ks == [4, 4, 4, 0, 0, 0, 4, 4, 4, 4, 4, 4]
-    assert rule.settled and rule.k == 4 and rule.explored()
-    assert rule.rates() == pytest.approx({4: 430 / 0.033, 0: 96 / 0.012})
-    assert rule.step_seconds() == pytest.approx({4: 0.033, 0: 0.012})
-    assert rule.prefill_s == pytest.approx(0.2) and rule.rows == 96
-    assert rule.summary() == ("measured in the call (2 steps each at 96 rows): k=4 13030 tokens/s vs plain "
-                              "8000 tokens/s; kept k=4")
-
-    # A call that ends during its plain arm's steps (its rows finished) keeps the faster arm too.
-    rule = StepArms((4, 0), measure_steps=2)
-    assert _run_steps(rule, 6, fast_spec) == [4, 4, 4, 0, 0, 0] and (rule.k, rule.settled) == (0, False)
-    rule.finish()
-    assert (rule.k, rule.settled) == (4, True) and rule.summary().endswith("kept k=4")
-
-    slow_spec = {4: (0.040, 300), 0: (0.012, 96)}  # 7500 vs 8000 tokens/s: plain for the rest
-    rule = StepArms((4, 0), measure_steps=2)
-    assert _run_steps(rule, 10, slow_spec) == [4, 4, 4, 0, 0, 0, 0, 0, 0, 0]
-    assert rule.k == 0 and rule.summary().endswith("kept plain")
+def test_interleaved_steps_run_plain_blocks_densely_while_measuring_and_sparsely_after():
+    """Dense (3 at k, 3 plain) for a look or a call without costs, a block every 32 steps at k
+    otherwise. Only clean steps count: decoding only, after a step at the same k."""
+    dense = InterleavedSteps(4, dense=True)
+    ks = _run_steps(dense, 13, {4: (0.033, 430), 0: (0.012, 96)})
+    assert ks == [4, 4, 4, 4, 0, 0, 0, 4, 4, 4, 0, 0, 0]  # a prefill step, then blocks of 3
+    assert len(dense.points[4]) == 5 and len(dense.points[0]) == 4  # the first step of each block is not clean
+    sparse = InterleavedSteps(4)
+    ks = _run_steps(sparse, 40, {4: (0.033, 430), 0: (0.012, 96)})
+    assert ks[1:33] == [4] * 32 and ks[33:36] == [0, 0, 0] and ks[36] == 4
+    assert sparse.tokens_per_step() == pytest.approx(430 / 96)
+    mean, low, high = sparse.speedup(96)
+    assert mean == pytest.approx((430 / 0.033) / (96 / 0.012)) and low == pytest.approx(mean)
+    assert sparse.step_seconds(96) == pytest.approx({0: 0.012, 4: 0.033})
 
 
-def test_step_arms_judge_an_arm_by_its_fastest_step_so_a_preempted_step_does_not_decide():
-    # Beside a busy process a step can lose its core for a time slice; that only ever adds time.
-    rule = StepArms((4, 0), measure_steps=2)
-    for k, seconds, tokens in [(4, 0.010, 30), (4, 0.010, 30), (4, 0.060, 34),  # the 2nd clean k=4 step preempted
-                               (0, 0.020, 30), (0, 0.008, 8), (0, 0.008, 8)]:
-        assert rule.next_k() == k
-        rule.observe_step(k, seconds, tokens, 8, prefill=False)
-    # Means would give k=4 64 tokens / 0.07 s = 914/s against plain 1000/s and keep plain.
-    assert rule.rates() == pytest.approx({4: 30 / 0.010, 0: 8 / 0.008})
-    assert rule.next_k() == 4 and rule.settled
-    assert rule.step_seconds() == pytest.approx({4: 0.010, 0: 0.008})
+def test_step_lines_follow_the_rows_so_a_draining_call_compares_like_with_like():
+    """Rows finish as a call goes on and a step costs less with fewer of them. Two arms timed one
+    after the other compared k=4 at 187 rows with plain at 92 (issue 39: a 1.10x loss read as
+    1.53x). A line per arm (seconds = a + b x rows) over interleaved blocks gives each arm at the
+    same rows: here a k=4 step is 2 ms + 0.5 ms a row and a plain one 1 ms + 0.2 ms a row, and
+    rows drain from 250 by 8 a step."""
+    rows = lambda i: max(8, 250 - 8 * i)  # noqa: E731
+    rate = {4: lambda i: (0.002 + 0.0005 * rows(i), 2.25 * rows(i)), 0: lambda i: (0.001 + 0.0002 * rows(i), rows(i))}
+    rule = InterleavedSteps(4, dense=True, guard=False)
+    _run_steps(rule, 28, rate, rows=rows)
+    spec, plain = rule.lines()
+    assert (spec.a, spec.b, plain.a, plain.b) == pytest.approx((0.002, 0.0005, 0.001, 0.0002), rel=1e-6)
+    r, low, high = ratio_interval(spec, plain, 256)
+    assert r == pytest.approx((0.002 + 0.128) / (0.001 + 0.0512)) and low == pytest.approx(r)
+    mean, _, _ = rule.speedup(256)
+    assert mean == pytest.approx(2.25 / r)
+    flat = StepLine.fit([(64, 0.010), (62, 0.012), (64, 0.011)])
+    assert flat.b == 0 and flat.at(64) == pytest.approx(0.011) and flat.df == 2
+    assert StepLine.fit([(64, 0.010)]) is None
 
 
-def test_step_arms_take_the_fastest_steps_tokens_with_its_time():
-    # An n-gram step that proposes little is fast and short of tokens: its time must not be paired
-    # with the tokens of a step that proposed a lot (that made k=4 look 2x faster than it is).
-    rule = StepArms((4, 0), measure_steps=2)
-    for _k, seconds, tokens in [(4, 0.03, 8), (4, 0.012, 8), (4, 0.030, 40),  # proposes nothing, then 4 per row
-                               (0, 0.011, 8), (0, 0.011, 8), (0, 0.011, 8)]:
-        rule.observe_step(rule.next_k(), seconds, tokens, 8, prefill=False)
-    assert rule.rates() == pytest.approx({4: 8 / 0.012, 0: 8 / 0.011})  # not (8 + 40) / 2 / 0.012 = 2000/s
-    assert rule.next_k() == 0 and rule.settled
-
-
-def test_step_arms_with_one_arm_never_switch_and_measure_only_the_first_steps():
-    rule = StepArms((2,), measure_steps=2)
-    assert rule.settled and not rule.explored()
-    assert _run_steps(rule, 6, {2: (0.02, 200)}) == [2] * 6
-    assert rule.step_seconds() == {2: pytest.approx(0.02)}
-    assert rule.steps[2][0] == 2  # later steps (fewer rows as rows finish) do not move the measure
-
-
-def test_a_drafts_prefill_measured_in_the_call_can_turn_later_calls_plain():
-    """A plain call skips the draft, prompts included (vllm backend), so the draft's part of the
-    prefill is a cost of speculating only. The EAGLE-3 demo's shape: k=4 steps 1.29x faster per
-    token than plain ones, but the draft's pass over 100-token prompts costs more than that saves."""
-    rule = StepArms((4, 0), measure_steps=2)
-    rule.observe_step(4, 0.50, 96, 96, prefill=True, draft_s=0.25)  # the target's 0.50 s, the draft's 0.25 s
-    assert (rule.prefill_s, rule.draft_prefill_s) == pytest.approx((0.50, 0.25))
-    positions = 100  # mean prompt length of the call: costs per position for the whole batch
-    alpha, profile = 0.9, LengthProfile([100] * 96, 32)
-    for draft_prefill, on in ((0.25 / positions, False), (0.0, True)):
-        c = Costs.from_steps(96, {0: 0.0126, 4: 0.040}, 0.50 / positions, draft_prefill)
-        assert c.draft_prefill_token_s == draft_prefill
-        assert decode_speedup(alpha, 4, c.c, c.v(4)) == pytest.approx(1.29, abs=0.01)
-        p = Policy("auto", k_default=4, k_max=4)
-        p.calibrate(c)
-        p.prior.accepted, p.prior.trials = alpha * 1000, 1000
-        d = p.decide(profile, None)
-        assert d.speculate is on, d.reason
-    c.learn_steps({}, 0.0, 0.004)  # a later speculative call's draft prefill; a plain call's 0 moves nothing
-    assert c.draft_prefill_token_s == pytest.approx(0.002)
+def test_a_call_whose_steps_show_speculation_slower_turns_plain_for_good():
+    """With the guard, once each arm has guard_points clean steps and they say speculation is
+    slower with 95% confidence at the rows running, the call runs plain to its end and says it
+    has settled (so the engine may skip the draft); noise that leaves 1.0 inside the interval
+    does not stop it, and a look never stops."""
+    slow = InterleavedSteps(4, dense=True, guard_points=4)
+    ks = _run_steps(slow, 60, {4: (0.040, 200), 0: (0.012, 96)})  # 0.62x
+    assert slow.stopped is not None and slow.settled and slow.k == 0 and ks[-1] == 0
+    assert slow.stopped[2] < 1.0 and set(ks[ks.index(0, 20):]) == {0}
+    noisy = iter([0.7, 1.3] * 100)
+    near = InterleavedSteps(4, dense=True, guard_points=4)
+    _run_steps(near, 60, {4: lambda i: (0.033 * next(noisy), 430), 0: (0.033 * 96 / 430, 96)})
+    assert near.stopped is None
+    look = InterleavedSteps(4, dense=True, guard=False)
+    _run_steps(look, 60, {4: (0.040, 200), 0: (0.012, 96)})
+    assert look.stopped is None and len(look.points[0]) >= 8
 
 
 def test_tokens_decoded_while_later_prompts_fill_are_not_counted_as_prefill():
-    """Chunked prefill: the 96-row demo call fills in three steps, and from the second on the rows
-    admitted first decode beside the next prompts. Their tokens are charged to decoding by the cost
-    model, so their share of those steps, at the clean steps' rate, comes out of the prompts' cost;
-    left in, the prompts looked ~2x as costly and every predicted speedup was pulled towards 1."""
-    rule = StepArms((4, 0), measure_steps=2)
-    rule.observe_step(4, 0.20, 32, 32, prefill=True, draft_s=0.10)  # 32 prompts, their first tokens
-    rule.observe_step(4, 0.30, 32 + 100, 64, prefill=True, draft_s=0.10, decode_tokens=100)
-    rule.observe_step(4, 0.30, 32 + 200, 96, prefill=True, draft_s=0.10, decode_tokens=200)
-    assert rule.prefill_costs() == (pytest.approx(0.80), pytest.approx(0.30))  # no clean step yet: all of it
-    for _ in range(2):
-        rule.observe_step(4, 0.10, 300, 96, prefill=False)  # clean k=4 steps: 3,000 tokens/s
-    rule.observe_step(4, 0.99, 999, 96, prefill=True, decode_tokens=900)  # after the fill: not prompts' cost
-    target, draft = rule.prefill_costs()
-    # 1.10 s of fill less 300 tokens at 3,000 tokens/s (0.10 s), split as the fill's parts were
-    assert (target, draft) == (pytest.approx(0.80 * 1.0 / 1.1), pytest.approx(0.30 * 1.0 / 1.1))
-    assert (rule.prefill_s, rule.draft_prefill_s) == (pytest.approx(0.80), pytest.approx(0.30))
-    skewed = StepArms((4,))
-    skewed.observe_step(4, 0.01, 500, 96, prefill=True, decode_tokens=500)
-    skewed.observe_step(4, 0.10, 300, 96, prefill=False)
-    assert skewed.prefill_costs() == (pytest.approx(0.01), 0.0)  # an estimate past the whole fill: left as measured
+    """The fill's steps are what prompts cost, less what the tokens that rows already decoding
+    emitted in them would have cost in clean steps at the same k."""
+    rule = InterleavedSteps(4, dense=True)
+    for _ in range(3):
+        rule.observe_step(4, 0.2, 60, 96, prefill=True, draft_s=0.05, decode_tokens=40)
+    _run_steps(rule, 20, {4: (0.033, 430), 0: (0.012, 96)}, prefill_steps=0)
+    decode = 120 * 0.033 / 430
+    keep = (0.75 - decode) / 0.75
+    assert rule.prefill_costs() == pytest.approx((0.6 * keep, 0.15 * keep))
+    assert InterleavedSteps(4).prefill_costs() == (0.0, 0.0)
+
 
 def test_costs_from_steps_need_a_plain_and_a_speculative_step():
     assert Costs.from_steps(64, {4: 0.03}, 1e-4) is None
@@ -263,13 +235,6 @@ def test_costs_from_steps_need_a_plain_and_a_speculative_step():
     assert p.decide(short_prompts(), None).reason.startswith("on: per-token acceptance 0.90")
 
 
-def test_a_call_too_short_to_measure_both_arms_learns_nothing_about_plain():
-    rule = StepArms((4, 0), measure_steps=2)
-    assert _run_steps(rule, 4, {4: (0.033, 430), 0: (0.012, 96)}) == [4, 4, 4, 0]  # ends on the switch step
-    assert not rule.explored() and set(rule.step_seconds()) == {4}
-    assert Costs.from_steps(96, rule.step_seconds(), rule.prefill_s / 1000) is None  # the next call measures again
-
-
 def test_acceptance_for_inverts_expected_tokens():
     for alpha, k in ((0.0, 4), (0.3, 1), (0.49, 4), (0.9, 4), (0.95, 8)):
         assert acceptance_for(expected_tokens(alpha, k), k) == pytest.approx(alpha, abs=1e-6)
@@ -277,75 +242,3 @@ def test_acceptance_for_inverts_expected_tokens():
     assert acceptance_for(9.0, 4) == pytest.approx(1.0, abs=1e-6)
 
 
-def test_the_acceptance_a_call_measures_agrees_with_its_arms():
-    """The 104M n-gram job's shape: k=4 steps deliver 1.35 tokens per row (the lookup often finds
-    nothing to propose) at 1.54x the cost of a plain step, so plain is faster. The acceptance the
-    rule derives from its steps makes the cost model predict the same; the drafts' own hit rate
-    (0.49) predicted k=4 faster and turned speculation on in the next run."""
-    rule = StepArms((4, 0), measure_steps=2)
-    rows, plain_s, spec_s = 64, 0.100, 0.154
-    ks = _run_steps(rule, 12, {4: (spec_s, round(1.35 * rows)), 0: (plain_s, rows)}, rows=rows)
-    assert rule.k == 0 and ks[-1] == 0
-    (k, alpha), = rule.acceptance().items()
-    assert k == 4 and expected_tokens(alpha, 4) == pytest.approx(round(1.35 * rows) / rows)
-    costs = Costs.from_steps(rows, rule.step_seconds(), 1e-5)
-    measured = rule.rates()[4] / rule.rates()[0]
-    assert decode_speedup(alpha, 4, costs.c, costs.v(4)) == pytest.approx(measured)
-    assert measured < 1 < decode_speedup(0.49, 4, costs.c, costs.v(4))
-
-
-def test_a_decided_call_turns_plain_when_its_own_steps_say_speculation_no_longer_pays():
-    """A call decided from known costs and an acceptance seen before it (earlier shards, or an
-    earlier run's memory) checks what its own steps deliver: once they have made 64 row passes over
-    at least 2 clean steps, an acceptance that predicts less than break-even turns the rest of the
-    call plain, and only once. Costs of the demo's shape: a k=4 step costs 3x a plain one."""
-    costs = Costs.from_steps(96, {0: 0.010, 4: 0.030}, 1e-5)
-
-    def guard(alpha):
-        return decode_speedup(alpha, 4, costs.c, costs.v(4))
-
-    assert guard(0.91) > 1.05 > 1.0 > guard(0.28)  # decided on at 0.91; 0.28 loses
-    bad = StepArms((4,), guard=guard)
-    ks = _run_steps(bad, 10, {4: (0.030, round(1.37 * 96)), 0: (0.010, 96)})  # E(0.28, 4) = 1.37 tokens a pass
-    assert ks == [4, 4, 4] + [0] * 7  # prefill, 2 clean steps at k=4, then plain to the end
-    assert bad.settled and bad.stopped["k"] == 4 and bad.stopped["steps"] == 2
-    assert bad.stopped["acceptance"] == pytest.approx(0.28, abs=0.01) and bad.stopped["predicted_speedup"] < 1
-    assert bad.acceptance()[4] == pytest.approx(0.28, abs=0.01)  # what the policy learns from the call
-
-    good = StepArms((4,), guard=guard)
-    assert _run_steps(good, 10, {4: (0.030, round(4.1 * 96))}) == [4] * 10 and good.stopped is None
-
-    few = StepArms((4,), guard=guard)  # 8 rows: 64 row passes take 8 clean steps
-    assert _run_steps(few, 12, {4: (0.030, 11), 0: (0.010, 8)}, rows=8) == [4] * 9 + [0] * 3
-    assert few.stopped["row_passes"] == 64
-
-    # No guard where the call measures its arms, or runs plain: the arms decide there.
-    assert StepArms((4, 0), guard=guard).guard is None and StepArms((0,), guard=guard).guard is None
-
-
-def test_arms_timed_as_rows_finish_decide_the_call_and_a_strict_rule_keeps_no_costs_from_them():
-    """A 256-row demo call: rows finish several tokens a step at k=4, so the plain steps measured
-    after the k=4 ones ran at 112 and 99 rows. The arms still decide the call (k=4 emits more tokens
-    a second), but a plain step at 99 rows is not the cost of one at 249: kept, it made every later
-    call "prefill-dominated". Prefill is read from the call's fill only, not from steps that admit
-    rows while others decode."""
-    rule = StepArms((4, 0), measure_steps=2, strict=True)  # the first rows of a call of more rows than run at once
-    steps = [(4, 0.124, 56, 56, True), (4, 0.099, 328, 104, True),  # the fill: prefill
-             (4, 0.074, 1030, 252, False), (4, 0.059, 805, 192, False),  # clean k=4 steps
-             (0, 0.035, 552, 152, False), (0, 0.0137, 112, 112, False), (0, 0.0123, 99, 99, False),
-             (4, 0.100, 900, 240, True)]  # later: decodes while admitting the next rows
-    for k, seconds, tokens, rows, prefill in steps:
-        assert rule.next_k() == k
-        rule.observe_step(k, seconds, tokens, rows, prefill)
-    assert rule.k == 4 and rule.settled and not rule.matched()
-    assert rule.prefill_s == pytest.approx(0.124 + 0.099)
-    assert rule.summary() == ("measured in the call (2 steps each; rows finished meanwhile, so not kept as costs): "
-                              "k=4 13644 tokens/s at 192 rows vs plain 8049 tokens/s at 99 rows; kept k=4")
-    lenient = StepArms((4, 0), measure_steps=2)  # a call within what the engine runs at once keeps them
-    for _k, seconds, tokens, rows, prefill in steps:
-        lenient.observe_step(lenient.next_k(), seconds, tokens, rows, prefill)
-    assert not lenient.matched() and lenient.costs_kept()
-    assert lenient.summary().startswith("measured in the call (2 steps each at 252 rows)")
-    level = StepArms((4, 0), measure_steps=2)  # the 96-row demo call: both arms at 96 rows
-    _run_steps(level, 8, {4: (0.027, 431), 0: (0.009, 96)})
-    assert level.matched() and level.summary().startswith("measured in the call (2 steps each at 96 rows)")

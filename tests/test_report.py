@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from batchspec.cli import app
-from batchspec.report import build_report, compare, to_text
+from batchspec.report import build_report, compare, to_html, to_text
 from batchspec.runner.store import OUTPUT_SCHEMA, OutputStore
 
 
@@ -147,6 +147,36 @@ def test_a_saving_without_measured_costs_is_unknown_not_zero(tmp_path):
         "estimated_saving_s"] is None
 
 
+def test_a_measured_saving_is_reported_first_with_its_interval(tmp_path):
+    """vllm shards carry what speculation saved, measured in the run (manifest "saving"): the
+    report sums the shards' seconds and their 95% bounds, says "no measurable saving" when the
+    interval spans zero, and puts it first in the text and the html."""
+    def job(name, savings):
+        store = OutputStore(str(tmp_path / name))
+        for i, (seconds, low, high) in enumerate(savings):
+            shard = f"s{i}"
+            rows = [row(shard, 0, 10, 8, 6, 4, spec=True, k=4), row(shard, 1, 10, 8, 6, 4, spec=True, k=4)]
+            part = store.write_part(shard, pa.Table.from_pylist(rows, schema=OUTPUT_SCHEMA))
+            store.write_manifest(shard, {"shard": shard, "status": "done", "part": part["part"], "rows_out": 2,
+                                         "timings": {"total_s": 5.0}, "costs": None, "attempts": 1, "decisions": [],
+                                         "saving": {"seconds": seconds, "low": low, "high": high, "rows": 2,
+                                                    "steps": 12, "basis": "..."}})
+        store.write_job({"name": name, "spec": {"cost": {"gpu_hour_usd": 3.6}}, "runs": [{"wall_s": 6.0}],
+                         "shards": [f"s{i}" for i in range(len(savings))]})
+        return build_report(str(tmp_path / name))
+
+    r = job("paid", [(1.5, 1.0, 2.0), (0.5, 0.2, 0.8)])
+    assert r["measured_saving_s"] == pytest.approx(2.0) and r["saving_interval_s"] == pytest.approx([1.2, 2.8])
+    assert r["measured_rows"] == 4 and r["estimated_saving_s"] == 0.0
+    text = to_text(r)
+    assert "speculation saved 2.0 s (95% interval 1.2 to 2.8 s), measured in the run" in text
+    assert "speculation saved 2.0 s" in to_html(r)
+    tie = job("tie", [(0.3, -0.4, 1.0)])
+    assert "no measurable saving (0.3 s, 95% interval -0.4 to 1.0 s)" in to_text(tie)
+    lost = job("lost", [(-1.0, -1.5, -0.5)])
+    assert "speculation cost 1.0 s (95% interval -1.5 to -0.5 s)" in to_text(lost)
+
+
 def test_html_is_self_contained(tmp_path):
     write_fixture(OutputStore(str(tmp_path / "out")))
     page = tmp_path / "r.html"
@@ -160,8 +190,8 @@ def test_html_is_self_contained(tmp_path):
     assert "from row 0:</span> on (probe)" in text and "from row 2:</span> on: per-token acceptance 0.95" in text
     assert "on (2 rows)" in text and "off (2 rows)" in text  # on vs off says how many rows each is
     assert "per-token acceptance (alpha)" in text and "accepted / proposed" in text  # both definitions labelled
-    # headline figures first: cost, per million tokens, saving, acceptance, before the facts and tables
-    order = [text.index(k) for k in ("Cost</div>", "Per million tokens", "Saving from speculation", "Acceptance</div>",
+    # headline figures first: saving, cost, per million tokens, acceptance, before the facts and tables
+    order = [text.index(k) for k in ("Saving from speculation", "Cost</div>", "Per million tokens", "Acceptance</div>",
                                      "<dl>", "<table>")]
     assert order == sorted(order)
     assert "$300.00" in text and "0.900" in text

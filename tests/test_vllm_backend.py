@@ -587,13 +587,28 @@ def test_submit_on_vllm_matches_hf_and_records_the_backend(ray_session, tmp_path
     assert {r["batch_size"] for r in rows} == {32}
 
 
-def test_auto_policy_on_vllm_measures_in_the_call_then_decides_from_learned_costs(vllm_backend, tmp_path,
-                                                                                    hf_reference):
-    """In process, auto: the first call (both shards' rows) times its own plain and k=4 steps and
-    keeps the faster, with no calibration and no probe; the costs it measured decide the next call
-    without measuring again. Which arm wins depends on this machine's timing, so the test checks
-    that the kept arm is the faster one measured, not which it is; rows equal the hf reference
-    either way, and a row says it was speculated for exactly when it was drafted for."""
+def _rows(runner, manifests):
+    return [r for m in manifests for r in sorted(runner.store.read_part(m["shard"]).to_pylist(),
+                                                  key=lambda r: r["row_index"])]
+
+
+def _calls(monkeypatch, backend):
+    """Record (rows, speculate) of every generate call of the backend."""
+    calls = []
+    monkeypatch.setattr(backend, "generate", lambda ids, *a, _generate=backend.generate, **kw: (
+        calls.append((len(ids), kw["speculate"])), _generate(ids, *a, **kw))[1])
+    return calls
+
+
+def test_auto_policy_on_vllm_looks_at_each_shards_rows_then_decides_each_shard(vllm_backend, tmp_path,
+                                                                               hf_reference, monkeypatch):
+    """In process, auto: the call's first rows are a look, 16 of each shard's 24 (an equal share
+    of the concurrency, 32), interleaved, at k=4 with plain blocks paired between its steps; each
+    shard is then decided from its own look rows' acceptance and the step costs the pairs gave,
+    and the rest of its rows run under that decision. No calibration. Which way a shard goes
+    depends on this machine's timing; the test checks that each decision cites the shard's own
+    figures and that every row equals the hf reference, and says it was speculated for exactly
+    when it was drafted for."""
     from batchspec.runner.plan import plan_shards
     from batchspec.runner.store import OutputStore
     from batchspec.runner.worker import ShardRunner
@@ -602,43 +617,41 @@ def test_auto_policy_on_vllm_measures_in_the_call_then_decides_from_learned_cost
     runner = ShardRunner(spec, "job-1", engine=vllm_backend)
     assert runner.learns_costs and not runner.calibrate
     shards = plan_shards(spec.input.path)
-
-    def rows_of(manifests):
-        return [r for m in manifests for r in sorted(runner.store.read_part(m["shard"]).to_pylist(),
-                                                      key=lambda r: r["row_index"])]
-
+    calls = _calls(monkeypatch, vllm_backend)
     manifests = runner.run_many(shards)
-    assert [m["status"] for m in manifests] == ["done", "done"]
+    assert [m["status"] for m in manifests] == ["done", "done"] and calls[0] == (32, True)
+    assert sum(n for n, _ in calls) == 48
     for m in manifests:
-        measuring, measured = m["decisions"]
-        assert measuring["reason"].startswith("on (measuring): no costs measured") and measuring["k"] == 4
-        rates = measured["numbers"]["tokens_per_s"]
-        assert set(rates) == {"4", "0"} and measured["reason"].startswith("measured in the call (2 steps each at ")
-        kept = max(rates, key=rates.get)
-        assert measured["k"] == int(kept) and measured["speculate"] == (kept == "4")
-        assert measured["predicted_speedup"] == pytest.approx(rates["4"] / rates["0"], rel=1e-2)
+        look, own = m["decisions"][:2]
+        assert look["kind"] == "look" and look["k"] == 4 and look["reason"].startswith("on (look): 32 rows")
+        assert own["kind"] in ("on", "off", "measuring", "cannot_pay") and own["numbers"]["look_rows"] == 16
+        assert own["numbers"]["tokens_per_step"] > 1 and own["alpha"] is not None
+        if own["kind"] != "measuring":
+            assert own["numbers"]["pairs"] >= 1 and own["numbers"]["step_ratio"] > 0
         assert m["timings"]["calibrate_s"] == 0
-        verify = {int(k): v for k, v in m["costs"]["verify_s"].items()}  # JSON keys once written
-        assert m["costs"]["target_step_s"] > 0 and m["costs"]["draft_step_s"] == 0 and verify[4] > 0
-    rows = rows_of(manifests)
+    rows = _rows(runner, manifests)
     assert [r["completion"] for r in rows] == hf_reference[1]
     assert all(r["spec_enabled"] == (r["draft_tokens"] > 0) for r in rows)
     assert all(r["num_speculative_tokens"] == 4 for r in rows if r["spec_enabled"])
+    assert sum(r["spec_enabled"] for r in rows) >= 32  # the look's rows at least
 
-    # Same concurrency: decided from the learned costs, no measuring. A new output, as the next
-    # night's: committed shards are not generated again.
+    # Costs at this concurrency are known now: the next run's decisions rest on them. A new output,
+    # as the next night's: committed shards are not generated again.
     runner.store = OutputStore(str(tmp_path / "out-again"))
     again = runner.run_many(shards)
     for m in again:
-        (d,) = m["decisions"]
-        assert d["reason"].startswith(("on: per-token acceptance", "off: ")) and "measur" not in d["reason"]
-    assert [r["completion"] for r in rows_of(again)] == hf_reference[1]
+        assert m["decisions"][0]["kind"] == "look" and m["decisions"][1]["kind"] != "measuring"
+    assert [r["completion"] for r in _rows(runner, again)] == hf_reference[1]
 
 
-def test_a_second_run_on_vllm_starts_from_remembered_costs(vllm_backend, tmp_path, hf_reference, monkeypatch):
-    """Policy memory (runner/memory.py) on vllm: a first run measures in its call and saves what it
-    measured; a new actor of the next run (the same engine here, to save a start) decides from it:
-    no measuring steps, no probe, the reason says where its numbers come from, rows unchanged."""
+def test_a_second_run_on_vllm_starts_from_remembered_costs_but_not_a_remembered_acceptance(
+        vllm_backend, tmp_path, hf_reference, monkeypatch):
+    """Policy memory (runner/memory.py) on vllm: a first run saves the step costs its pairs measured;
+    a new actor of the next run (the same engine here, to save a start) starts from them and says
+    where they came from. The acceptance it remembers (here set to 0.31, another dataset under the
+    job's name) decides nothing: each shard's own look rows do."""
+    from batchspec.policy import Acceptance
+    from batchspec.runner.memory import PolicyMemory
     from batchspec.runner.plan import plan_shards
     from batchspec.runner.worker import ShardRunner
 
@@ -646,60 +659,20 @@ def test_a_second_run_on_vllm_starts_from_remembered_costs(vllm_backend, tmp_pat
     first = ShardRunner(_demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto"), "night-1",
                         engine=vllm_backend)
     shards = plan_shards(first.spec.input.path)
-    assert all(m["decisions"][0]["reason"].startswith("on (measuring)") for m in first.run_many(shards))
+    assert all(m["decisions"][0]["kind"] == "look" for m in first.run_many(shards))
+    mem = PolicyMemory.for_spec(first.spec, "vllm")
+    costs, _, new_tokens, _ = mem.load()
+    mem.save(costs, Acceptance(20.0, 64.0), new_tokens, "night-1")
     spec = first.spec.model_copy(update={"output": first.spec.output.model_copy(update={"path": str(tmp_path / "out2")})})
     second = ShardRunner(spec, "night-2", engine=vllm_backend)
-    assert second.planner.costs_by_batch.keys() == first.planner.costs_by_batch.keys() and second.policy.prior.estimate is not None
+    assert second.planner.costs_by_batch.keys() == first.planner.costs_by_batch.keys()
+    assert second.policy.prior.estimate < 0.35
     manifests = second.run_many(shards)
     for m in manifests:
-        (d,) = m["decisions"]
-        assert d["reason"].startswith(("on: per-token acceptance", "off: ")) and "measur" not in d["reason"][:40]
-        assert d["numbers"]["remembered"].startswith("job night-1 at ") and m["timings"]["calibrate_s"] == 0
-    rows = [r for m in manifests for r in sorted(second.store.read_part(m["shard"]).to_pylist(),
-                                                  key=lambda r: r["row_index"])]
-    assert [r["completion"] for r in rows] == hf_reference[1]
-
-
-def test_a_decided_call_whose_rows_draft_badly_turns_plain_mid_call(vllm_backend, tmp_path):
-    """A call decided from known costs and an acceptance seen before it (0.91 over 64 trials, as the
-    legal job's memory gives a next run) on rows the draft cannot follow (random tokens: ~0.28): after two clean
-    steps the call runs plain to its end, skipping the draft; the manifest says why, the rows are
-    those of plain decoding, and the policy leaves the call knowing the low acceptance. Costs are
-    given (a k=4 step at 2x a plain one) so that no timing of this machine decides the test."""
-    import random
-
-    import pyarrow as pa
-
-    from batchspec.policy import Costs
-    from batchspec.runner.plan import plan_shards
-    from batchspec.runner.worker import ShardRunner
-
-    tok = vllm_backend.tokenizer
-    rng = random.Random(1)
-    noise = [{"doc_id": f"n{i}", "contract": tok.decode([rng.randrange(100, tok.vocab_size) for _ in range(60)])}
-             for i in range(48)]
-    spec = _demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto")
-    inp = tmp_path / "noise"
-    inp.mkdir()
-    pq.write_table(pa.Table.from_pylist(noise), inp / "noise.parquet")
-    spec = spec.model_copy(update={"input": spec.input.model_copy(update={"path": str(inp)})})
-    runner = ShardRunner(spec, "job-noise", engine=vllm_backend)
-    runner.planner.costs_by_batch[32] = Costs.from_steps(32, {0: 0.010, 4: 0.020}, 1e-6)  # 48 rows run at concurrency 32
-    runner.policy.prior.observe(58, 6)
-    (m,) = runner.run_many(plan_shards(spec.input.path))
-    decided, stopped = m["decisions"]
-    assert decided["reason"].startswith("on: per-token acceptance 0.91, k=4") and decided["k"] == 4
-    assert stopped["reason"].startswith("off for the rest of the call: its steps at k=4 delivered per-token "
-                                        "acceptance ") and not stopped["speculate"]
-    assert stopped["alpha"] < 0.5 and stopped["predicted_speedup"] < 1.0 and stopped["numbers"]["steps"] == 2
-    rows = sorted(runner.store.read_part(m["shard"]).to_pylist(), key=lambda r: r["row_index"])
-    ids = [r.token_ids for r in sorted(runner._open(plan_shards(spec.input.path)[0]).valid, key=lambda r: r.row_index)]
-    plain, _ = vllm_backend.generate(ids, 48, stop=("\n",), speculate=False)
-    assert [r["completion"] for r in rows] == [o.text for o in plain]
-    # Drafted for in the steps before the switch only: a call left at k=4 drafts ~4 tokens a row a step.
-    assert 0 < sum(r["draft_tokens"] for r in rows) <= 4 * 4 * len(rows)
-    assert all(r["spec_enabled"] == (r["draft_tokens"] > 0) and r["num_speculative_tokens"] in (4, None) for r in rows)
-    assert runner.policy.prior.estimate < 0.6  # the next call (and the next run's memory) starts from it
+        look, own = m["decisions"][:2]
+        assert look["kind"] == "look" and own["numbers"]["remembered"].startswith("job night-1 at ")
+        assert own["alpha"] > 0.6  # the shard's own rows, not the remembered 0.31
+    assert [r["completion"] for r in _rows(second, manifests)] == hf_reference[1]
 
 
 def _noise_input(tmp_path, tok, rows=48):
@@ -717,160 +690,77 @@ def _noise_input(tmp_path, tok, rows=48):
     return str(inp)
 
 
-def _remember(spec, acceptance: tuple[float, float], recheck=(0, 0)):
-    """Write this node's policy memory for spec as an earlier run would have left it, with costs
-    given (a k=4 step at 2x a plain one, prefill almost free) so no timing here decides a test."""
-    from batchspec.policy import Acceptance, Costs
-    from batchspec.runner.memory import PolicyMemory, Recheck
-
-    mem = PolicyMemory.for_spec(spec, "vllm")
-    mem.recheck = Recheck(*recheck)
-    mem.save({32: Costs.from_steps(32, {0: 0.010, 4: 0.020}, 1e-6)}, Acceptance(*acceptance), [30] * 8, "night-0")
-    return mem
-
-
-def _pin_costs(mem):
-    """Put the given costs back into the memory file (a run refreshes them from its own steps)."""
-    from dataclasses import asdict
-
-    from batchspec.policy import Costs
-
-    data = json.loads(mem.costs_path.read_text())
-    data["costs"] = {"32": asdict(Costs.from_steps(32, {0: 0.010, 4: 0.020}, 1e-6))}
-    mem.costs_path.write_text(json.dumps(data))
-
-
-def test_an_off_from_an_earlier_runs_acceptance_is_checked_and_turns_on_when_it_no_longer_holds(
-        vllm_backend, tmp_path, hf_reference, monkeypatch):
-    """A job whose last run saw per-token acceptance 0.31 (another dataset under its name, say)
-    would decide "off" from memory and, on vllm, never observe acceptance again until its costs
-    age out a week later. Its next run checks: the first call speculates, its own steps show the
-    demo draft's ~0.9, and it stays on. Rows are the hf reference; the memory now says that
-    speculation paid, so a later "off" is checked at once again."""
-    from batchspec.runner.plan import plan_shards
-    from batchspec.runner.worker import ShardRunner
-
-    monkeypatch.setenv("BATCHSPEC_POLICY_MEMORY", str(tmp_path / "memory"))
-    spec = _demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto")
-    mem = _remember(spec, (20.0, 64.0), recheck=(1, 1))  # a run off from it has passed: due
-    runner = ShardRunner(spec, "night-1", engine=vllm_backend)
-    assert runner.planner.recheck and runner.policy.prior.estimate < 0.35
-    manifests = runner.run_many(plan_shards(spec.input.path))
-    for m in manifests:
-        (d,) = m["decisions"]  # not turned plain: the check held
-        assert d["reason"].startswith("on (checking): the remembered per-token acceptance 0.3") and d["k"] == 4
-        assert d["reason"].endswith("measured on this node)") and d["numbers"]["checking"]
-    rows = [r for m in manifests for r in sorted(runner.store.read_part(m["shard"]).to_pylist(),
-                                                  key=lambda r: r["row_index"])]
-    assert [r["completion"] for r in rows] == hf_reference[1]
-    assert all(r["spec_enabled"] and r["draft_tokens"] > 0 for r in rows)
-    assert runner.policy.prior.estimate > 0.6 and not runner.planner.recheck
-    assert json.loads(mem.job_path.read_text())["recheck"] == {"skipped": 0, "confirmed": 0}
-
-
-def test_an_off_that_its_checks_confirm_is_checked_less_and_less_often(vllm_backend, tmp_path, monkeypatch):
-    """The same check on data the draft cannot follow. After the run that measured 0.31, the
-    next run decides "off" from memory without speculating at all; the one after checks, turns
-    the call plain after two clean steps and counts as a confirmation; then one run off, one
-    check. The costs are pinned before each run so that what this machine's steps measure
-    cannot move a decision."""
-    from batchspec.runner.plan import plan_shards
-    from batchspec.runner.worker import ShardRunner
-
-    monkeypatch.setenv("BATCHSPEC_POLICY_MEMORY", str(tmp_path / "memory"))
-    spec = _demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto")
-    spec = spec.model_copy(update={"input": spec.input.model_copy(update={"path": _noise_input(tmp_path, vllm_backend.tokenizer)})})
-    mem = _remember(spec, (20.0, 64.0))
-    seen = []
-    for night in range(1, 5):
-        _pin_costs(mem)
-        out = spec.output.model_copy(update={"path": str(tmp_path / f"out{night}")})
-        runner = ShardRunner(spec.model_copy(update={"output": out}), f"night-{night}", engine=vllm_backend)
-        (m,) = runner.run_many(plan_shards(spec.input.path))
-        reasons = [d["reason"] for d in m["decisions"]]
-        drafted = sum(r["draft_tokens"] for r in runner.store.read_part(m["shard"]).to_pylist())
-        recheck = json.loads(mem.job_path.read_text())["recheck"]
-        seen.append((reasons[0].split(":")[0], len(reasons), drafted > 0, (recheck["skipped"], recheck["confirmed"])))
-    assert seen == [("off", 1, False, (1, 0)), ("on (checking)", 2, True, (0, 1)),
-                    ("off", 1, False, (1, 1)), ("on (checking)", 2, True, (0, 2))], seen
-
-
-def test_shards_whose_own_decisions_differ_share_one_call_under_their_joint_decision(vllm_backend, tmp_path,
-                                                                                     monkeypatch):
-    """Two shards in one call, the demo's contracts and the same contracts three times over: alone,
-    the short one would speculate and the long one not (the draft's prefill, given here at 1 ms a
-    prompt token, eats the gain). Split by decision they ran as two calls of half the concurrency,
-    one after the other; now one call runs all 48 rows under what the policy decides for them
-    together, and each manifest says so and what the shard alone would have got."""
-    import pyarrow as pa
+def test_shards_whose_own_acceptance_differs_run_under_their_own_decisions(vllm_backend, tmp_path, monkeypatch):
+    """One call of two shards: the demo's contracts and prompts of random tokens, which the draft
+    cannot follow. The actor's prior says 0.91 (what the legal shards of an earlier run saw); each
+    shard is decided from its own look rows instead, so the noise shard runs plain and the legal
+    one speculates, in two calls after the look: one per decision, each keeping vLLM's continuous
+    batch. Costs are given (a k=4 step at 2x a plain one) so that no timing here decides, and the
+    look's steps do not replace them. Every row equals plain decoding."""
+    import shutil
 
     from batchspec.policy import Costs
     from batchspec.runner.plan import plan_shards
     from batchspec.runner.worker import ShardRunner
 
     spec = _demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto")
-    inp = tmp_path / "in"
-    long = pq.read_table(inp / f"{SHARDS[1]}.parquet").to_pylist()
-    pq.write_table(pa.Table.from_pylist([r | {"contract": " ".join([r["contract"]] * 3)} for r in long]),
-                   inp / f"{SHARDS[1]}.parquet")
+    shutil.copy(Path(_noise_input(tmp_path, vllm_backend.tokenizer, rows=24)) / "noise.parquet",
+                Path(spec.input.path) / "prompts-0001.parquet")
     runner = ShardRunner(spec, "job-mixed", engine=vllm_backend)
-    runner.planner.costs_by_batch[32] = Costs.from_steps(32, {0: 0.010, 4: 0.020}, 1e-6, 0.001)  # 48 rows: concurrency 32
+    runner.planner.costs_by_batch[32] = Costs.from_steps(32, {0: 0.010, 4: 0.020}, 1e-6)
+    monkeypatch.setattr(runner.planner, "lines", lambda: (None, None))  # the costs given decide
     runner.policy.prior.observe(58, 6)  # acceptance 0.91
-    runner.policy.new_tokens_seen.extend([30] * 8)
-    calls = []
-    monkeypatch.setattr(vllm_backend, "generate", lambda ids, *a, _generate=vllm_backend.generate, **kw: (
-        calls.append((len(ids), kw["speculate"])), _generate(ids, *a, **kw))[1])
-    short_m, long_m = runner.run_many(plan_shards(spec.input.path))
-    assert calls == [(48, False)]
-    (short,), (long_d,) = short_m["decisions"], long_m["decisions"]
-    for d in (short, long_d):
-        assert d["reason"].startswith("off: ") and d["predicted_speedup"] < 1.05
-        assert "for the 48 rows of this call's 2 shards together (this shard alone: " in d["reason"]
-        assert d["numbers"]["call_rows"] == 48 and not d["speculate"]
-    assert short["numbers"]["alone"]["speculate"] and short["numbers"]["alone"]["predicted_speedup"] > 1.05
-    assert "(this shard alone: on at k=4, predicted 1." in short["reason"]
-    assert not long_d["numbers"]["alone"]["speculate"] and "(this shard alone: off, predicted 0." in long_d["reason"]
-    rows = [r for m in (short_m, long_m) for r in sorted(runner.store.read_part(m["shard"]).to_pylist(),
-                                                         key=lambda r: r["row_index"])]
-    assert not any(r["spec_enabled"] or r["draft_tokens"] for r in rows) and len(rows) == 48
+    calls = _calls(monkeypatch, vllm_backend)
+    legal, noise = runner.run_many(plan_shards(spec.input.path))
+    assert calls[0] == (32, True) and sorted(calls[1:]) == [(8, False), (8, True)]
+    (_, on), (_, off) = legal["decisions"], noise["decisions"]
+    assert on["kind"] == "on" and on["alpha"] > 0.6 and on["numbers"]["look_rows"] == 16
+    assert off["kind"] == "off" and off["alpha"] < 0.5 and not off["speculate"]
+    rows = _rows(runner, [legal, noise])
+    assert sum(r["spec_enabled"] for r in rows[24:]) == 16  # the noise shard: its look rows only
+    monkeypatch.undo()
+    ids = [r.token_ids for s in plan_shards(spec.input.path)
+           for r in sorted(runner._open(s).valid, key=lambda r: r.row_index)]
+    plain, _ = vllm_backend.generate(ids, 48, stop=("\n",), speculate=False)
+    assert [r["completion"] for r in rows] == [o.text for o in plain]
 
 
-def test_a_check_of_a_call_of_more_rows_than_vllm_runs_at_once_is_made_on_its_first_rows(
-        vllm_backend, tmp_path, monkeypatch):
-    """300 rows the draft cannot follow, one call, a remembered "off" due for its check: the check
-    runs on the first 256 rows (so the draft reads only their prompts), turns plain, and the other
-    44 rows follow in a plain call that skips the draft."""
+def test_a_call_whose_paired_steps_show_speculation_slower_turns_plain_mid_call(vllm_backend, tmp_path, monkeypatch):
+    """A shard decided "on" (the costs given say a k=4 step costs as much as a plain one, so any
+    acceptance pays) on rows the draft cannot follow: the call's own interleaved steps show its speculative
+    steps slower than plain ones, and the rest of the call runs plain, skipping the draft. The
+    manifest says so with the interval; the rows are those of plain decoding."""
+    from batchspec.policy import Costs, InterleavedSteps
     from batchspec.runner.plan import plan_shards
     from batchspec.runner.worker import ShardRunner
 
-    monkeypatch.setenv("BATCHSPEC_POLICY_MEMORY", str(tmp_path / "memory"))
-    spec = _demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto", "generation.max_new_tokens=16")
+    spec = _demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto", "generation.max_new_tokens=64")
     spec = spec.model_copy(update={"input": spec.input.model_copy(
         update={"path": _noise_input(tmp_path, vllm_backend.tokenizer, rows=300)})})
-    mem = _remember(spec, (20.0, 64.0), recheck=(1, 0))
-    data = json.loads(mem.costs_path.read_text())  # the costs at the call's concurrency (256), as given
-    data["costs"] = {"256": data["costs"]["32"] | {"batch_size": 256}}
-    mem.costs_path.write_text(json.dumps(data))
-    calls = []
-    monkeypatch.setattr(vllm_backend, "generate", lambda ids, *a, _generate=vllm_backend.generate, **kw: (
-        calls.append((len(ids), kw["speculate"])), _generate(ids, *a, **kw))[1])
-    runner = ShardRunner(spec, "night-1", engine=vllm_backend)
+    runner = ShardRunner(spec, "job-noise", engine=vllm_backend)
+    for b in (32, 64, 128, 256):
+        runner.planner.costs_by_batch[b] = Costs.from_steps(b, {0: 0.010, 4: 0.0101}, 1e-9)
+    monkeypatch.setattr(runner.planner, "lines", lambda: (None, None))  # the costs given decide
+    # Blocks every 3 steps, so that a call this short has clean steps enough to be judged.
+    monkeypatch.setattr(runner.planner, "call_rule", lambda k, c: InterleavedSteps(k, dense=True, guard_points=3))
     (m,) = runner.run_many(plan_shards(spec.input.path))
-    assert calls == [(256, True), (44, False)]
-    checking, stopped = m["decisions"]
-    assert checking["reason"].startswith("on (checking)") and stopped["reason"].startswith("off for the rest of the call")
-    rows = runner.store.read_part(m["shard"]).to_pylist()
-    assert sum(r["draft_tokens"] > 0 for r in rows) == 256  # drafted for in the check's steps only
-    assert json.loads(mem.job_path.read_text())["recheck"] == {"skipped": 0, "confirmed": 1}
+    kinds = [d["kind"] for d in m["decisions"]]
+    assert kinds[:2] == ["look", "on"] and kinds[-1] == "stopped", kinds
+    stopped = m["decisions"][-1]
+    assert stopped["reason"].startswith("off for the rest of the call: its steps at k=4 ran ")
+    low, high = stopped["numbers"]["speedup_interval"]
+    assert high < 1.0 and not stopped["speculate"]
+    rows = sorted(runner.store.read_part(m["shard"]).to_pylist(), key=lambda r: r["row_index"])
+    ids = [r.token_ids for r in sorted(runner._open(plan_shards(spec.input.path)[0]).valid, key=lambda r: r.row_index)]
+    monkeypatch.undo()
+    plain, _ = vllm_backend.generate(ids, 64, stop=("\n",), speculate=False)
+    assert [r["completion"] for r in rows] == [o.text for o in plain]
 
 
-def test_a_call_of_more_rows_than_vllm_runs_at_once_measures_on_its_first_rows(vllm_backend, tmp_path, monkeypatch):
-    """544 rows for one call where vLLM runs 256 at once: as rows finish, such a call admits the next
-    ones in nearly every step, so it has almost no clean steps to measure on. The first 256 rows
-    are a measuring call and the other 288 follow in a second one under what it kept; both shards'
-    manifests say what was kept, and the rows are those of plain decoding. Costs it keeps (only
-    when both arms were timed at one concurrency) weigh a batch's prefill about even with its
-    decoding here; counting the steps that admitted rows as prefill had made it ~13x."""
+def test_a_call_of_more_rows_than_vllm_runs_at_once_looks_at_as_many_as_it_runs(vllm_backend, tmp_path, monkeypatch):
+    """544 rows where vLLM runs 256 at once: the look is 128 of each shard's 272 rows, all admitted
+    at once, so its pairs are timed over a full batch; the other 288 follow in one call per
+    decision. Rows are those of plain decoding."""
     from batchspec.demo.setup import write_shards
     from batchspec.runner.plan import plan_shards
     from batchspec.runner.worker import ShardRunner
@@ -879,22 +769,14 @@ def test_a_call_of_more_rows_than_vllm_runs_at_once_measures_on_its_first_rows(v
     spec = _demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto")
     spec = spec.model_copy(update={"input": spec.input.model_copy(update={"path": str(tmp_path / "big")})})
     runner = ShardRunner(spec, "job-big", engine=vllm_backend)
-    calls = []
-    monkeypatch.setattr(vllm_backend, "generate",
-                        lambda ids, *a, _generate=vllm_backend.generate, **kw: (calls.append(len(ids)), _generate(ids, *a, **kw))[1])
+    calls = _calls(monkeypatch, vllm_backend)
     assert vllm_backend.max_batch == 256
     manifests = runner.run_many(plan_shards(spec.input.path))
-    assert calls == [256, 288]
+    assert calls[0] == (256, True) and sum(n for n, _ in calls[1:]) == 288 and len(calls) <= 3
     for m in manifests:
-        assert len(m["decisions"]) == 2, [d["reason"] for d in m["decisions"]]
-        measuring, kept = m["decisions"]
-        assert measuring["reason"].startswith("on (measuring)") and kept["reason"].startswith("measured in the call (2 steps each")
-    assert manifests[0]["decisions"][1] == manifests[1]["decisions"][1]
-    rows = [r for m in manifests for r in sorted(runner.store.read_part(m["shard"]).to_pylist(),
-                                                  key=lambda r: r["row_index"])]
-    costs, mean = runner.planner.costs_by_batch.get(256), lambda key: sum(r[key] for r in rows) / len(rows)
-    if costs is not None:
-        assert 0 < costs.prefill_token_s * mean("prompt_tokens") < 4 * costs.target_step_s * mean("completion_tokens")
+        assert m["decisions"][0]["kind"] == "look" and m["decisions"][1]["numbers"]["look_rows"] == 128
+    assert 256 in runner.planner.costs_by_batch and len(runner.planner.points[0]) >= 2
+    rows = _rows(runner, manifests)
     monkeypatch.undo()
     ids = [r.token_ids for s in plan_shards(spec.input.path)
            for r in sorted(runner._open(s).valid, key=lambda r: r.row_index)]

@@ -133,7 +133,10 @@ class AdaptiveK:
 
 
 class StepRule(Protocol):
-    """Chooses k before every engine step and is told what each step cost (vllm: policy.StepArms)."""
+    """Chooses k before every engine step and is told what each step cost (vllm: policy.InterleavedSteps); `settled`: k
+    stays where it is to the call's end, so a plain call may skip its draft."""
+
+    settled: bool
 
     def next_k(self) -> int: ...
     def observe_step(self, k: int, seconds: float, tokens: int, rows: int, prefill: bool, draft_s: float = 0.0,

@@ -9,7 +9,7 @@ What batchspec adds on top of a bare `LLM.generate`, and how:
   dynamic speculative schedule (`num_speculative_tokens_per_batch_size`), whose dense
   batch-size -> k table lives in the scheduler and is read before every engine step. Before each
   call we fill that table with the k the policy chose, or 0 to decode plainly; a call given a
-  step rule (policy.StepArms) gets its k set before every step, and each step timed and its
+  step rule (policy.InterleavedSteps) gets its k set before every step, and each step timed and its
   tokens counted, which is how the policy measures its costs on real rows (docs/policy.md). This
   needs the engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), which is also what a
   Ray actor wants.
@@ -234,7 +234,7 @@ class VLLMBackend:
             log.warning("vllm: the engine's context is %d tokens%s", self.max_context, self.context_note)
         self.max_batch = int(config.scheduler_config.max_num_seqs)
         self._scheduler = None
-        self._rule = None  # a StepArms-like rule while a call runs with one
+        self._rule = None  # a InterleavedSteps-like rule while a call runs with one
         self.skips_draft = False  # can decode at k = 0 without the draft's forward (module docstring)
         self._skip_draft = False  # ... and does, for the steps of this call from now on
         self._time_draft = False  # time the draft's forward in this step (into _draft_s)
@@ -282,7 +282,7 @@ class VLLMBackend:
 
     @property
     def learns_costs(self) -> bool:
-        """True when the policy's costs come from the steps of real calls (policy.StepArms), not from
+        """True when the policy's costs come from the steps of real calls (policy.InterleavedSteps), not from
         a calibration beforehand: one speculative engine, whose k can change between steps. With a
         plain engine beside it, plain calls run elsewhere, so costs are still calibrated."""
         return self._scheduler is not None and self.plain_llm is None
@@ -390,7 +390,7 @@ class VLLMBackend:
                  seeds: list[int] | None = None, speculate: bool = True, draft_length=None,
                  max_new_per_row: list[int] | None = None) -> tuple[list[Completion], BatchResult]:
         """One call over all rows. draft_length: an int k, a rule whose next_k() gives it for the call,
-        or a step rule (policy.StepArms: it has observe_step) that picks k before every engine step."""
+        or a step rule (policy.InterleavedSteps: it has observe_step) that picks k before every engine step."""
         rule = draft_length if speculate and hasattr(draft_length, "observe_step") and self._scheduler else None
         k = draft_length if isinstance(draft_length, int) else (draft_length.next_k() if draft_length else 4)
         k = self.set_k(k if speculate else 0)

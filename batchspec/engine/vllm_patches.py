@@ -36,7 +36,7 @@ def in_process_core(llm: Any) -> tuple[Any, Any, Any]:
 def wrap_engine_step(client: Any, make_step: Callable[[Callable[[], Any]], Callable[[], Any]]) -> None:
     """Run every engine step of this engine through make_step(original step).
 
-    Why private: the policy times each step and sets k before it (policy.StepArms); vLLM 0.32's
+    Why private: the policy times each step and sets k before it (policy.InterleavedSteps); vLLM 0.32's
     InprocClient.get_output() is one scheduler step plus its model execution."""
     client.get_output = make_step(client.get_output)
 

@@ -1,12 +1,14 @@
 """Every speculation decision, as data: the cost model and the policy that applies it (model.py),
-the Decision it returns (decision.py), the step rules that pick k inside a call (steps.py), and
+the Decision it returns (decision.py), the rules that pick k inside a call (steps.py; interleaved.py:
+vLLM's, with plain blocks interleaved between speculative steps), and
 an actor's decisions between and inside its calls (planner.py).
 Pure Python: no torch, no Ray, no engine internals (import-linter keeps it so)."""
 
-from .decision import Alone, CallShare, Decision, DecisionKind, Figures, Look
+from .decision import Decision, DecisionKind, Figures
+from .interleaved import InterleavedSteps, StepLine, ratio_interval
 from .model import Acceptance, Costs, LengthProfile, Policy, acceptance_for, decode_speedup, expected_tokens
 from .planner import ActorPolicy
-from .steps import CostModelK, StepArms
+from .steps import CostModelK
 
-__all__ = ["Acceptance", "ActorPolicy", "Alone", "CallShare", "CostModelK", "Costs", "Decision", "DecisionKind", "Figures",
-           "LengthProfile", "Look", "Policy", "StepArms", "acceptance_for", "decode_speedup", "expected_tokens"]
+__all__ = ["Acceptance", "ActorPolicy", "CostModelK", "Costs", "Decision", "DecisionKind", "Figures",
+           "LengthProfile", "InterleavedSteps", "Policy", "StepLine", "acceptance_for", "decode_speedup", "expected_tokens", "ratio_interval"]

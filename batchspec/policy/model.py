@@ -183,7 +183,7 @@ class Policy:
                  reprobe_every: int = 8, measure_in_call: bool = False):
         self.mode, self.k_default, self.k_max = mode, k_default, k_max
         # An engine that times its own steps (vLLM): with no costs yet, speculate and let the call
-        # measure plain and speculative steps (StepArms) instead of calibrating beforehand.
+        # measure plain and speculative steps (InterleavedSteps) instead of calibrating beforehand.
         self.measure_in_call = measure_in_call
         self.margin, self.reprobe_every = margin, reprobe_every
         self.costs: Costs | None = None
@@ -221,11 +221,15 @@ class Policy:
         spec = prefill + P * c.draft_prefill_token_s + N / expected_tokens(alpha, k) * (k * c.draft_step_s + c.verify(k))
         return plain / spec
 
-    def best_k(self, profile: LengthProfile, alpha: float) -> tuple[int, float]:
-        return max(((k, self.predict(profile, alpha, k)) for k in range(1, self.k_max + 1)), key=lambda t: t[1])
+    def best_k(self, profile: LengthProfile, alpha: float, ks: tuple[int, ...] | None = None) -> tuple[int, float]:
+        """The k (of ks, default 1..k_max) with the highest predicted speedup, and that speedup."""
+        return max(((k, self.predict(profile, alpha, k)) for k in ks or range(1, self.k_max + 1)), key=lambda t: t[1])
 
-    def decide(self, profile: LengthProfile, currently_on: bool | None, batches_off: int = 0, at_row: int = 0) -> Decision:
-        """currently_on: None at the start of a shard, else the state in force."""
+    def decide(self, profile: LengthProfile, currently_on: bool | None, batches_off: int = 0, at_row: int = 0,
+               alpha: float | None = None, ks: tuple[int, ...] | None = None) -> Decision:
+        """currently_on: None at the start of a shard, else the state in force. alpha: the shard's own
+        acceptance where it was measured (vllm's look), else the actor's prior; ks: the k it may pick
+        (vllm: those whose steps were timed), else 1..k_max."""
         if not profile.prompt_tokens:
             return Decision(Kind.NO_ROWS, False, 0, "no valid rows to generate", at_row=at_row)
         if self.mode == "off":
@@ -245,19 +249,19 @@ class Policy:
         # Hysteresis: switching on needs 1 + margin; once on, it stays on down to break-even (1.0).
         threshold = 1.0 if currently_on else 1.0 + self.margin
         # 1. Could speculation pay even if the draft were always right? If not, it stays off.
-        k_ub, best_case = self.best_k(profile, 1.0)
+        k_ub, best_case = self.best_k(profile, 1.0, ks)
         if best_case < threshold:
             why = ("prefill-dominated" if profile.mean * self.costs.prefill_token_s
                    > profile.expected_new_tokens * self.costs.target_step_s else "draft too costly at this batch size")
             return Decision(Kind.CANNOT_PAY, False, 0, f"{why}, prompt p50 {profile.p50:.0f} tokens vs {profile.expected_new_tokens:.0f} "
                             f"new tokens, predicted {best_case:.2f}x even at acceptance 1.0", best_case, None, at_row, numbers)
         # 2. No acceptance estimate yet: probe with the default k.
-        alpha = self.prior.estimate
+        alpha = self.prior.estimate if alpha is None else alpha
         if alpha is None:
             return Decision(Kind.PROBE, True, self.k_default, f"no acceptance observed yet; at acceptance 1.0 it could "
                             f"reach {best_case:.2f}x", best_case, None, at_row, numbers)
         # 3. Acceptance known: the best k at that acceptance, against the threshold for our state.
-        k, predicted = self.best_k(profile, alpha)
+        k, predicted = self.best_k(profile, alpha, ks)
         numbers = dataclasses.replace(numbers, k=k)
         if predicted >= threshold:
             return Decision(Kind.ON, True, k, f"per-token acceptance {alpha:.2f}, k={k}, predicted {predicted:.2f}x", predicted,

@@ -1,7 +1,8 @@
 """What an actor decides with, between and inside its calls: the policy and its acceptance prior,
-the costs it measured per concurrency, what an earlier run on this node measured; and the rules
-for a call: each shard's next decision, one decision for a call's shards together (vllm), a
-remembered "off" checked, the draft-length rule a call runs under, what a call teaches.
+the costs it measured per concurrency (with the paired steps behind them), what an earlier run on
+this node measured; and the rules for a call: each shard's next decision (hf), the look that
+measures each shard's own acceptance and each shard's own decision from it (vllm), the
+draft-length rule a call runs under, what a call teaches.
 
 Pure: no engine, no Ray, no I/O. The runner (runner/worker.py) runs calls and records; this
 module decides. Tests drive it with scripted step rules (tests/test_planner.py).
@@ -11,17 +12,35 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol
 
 from ..engine.api import AdaptiveK, DraftLength, FixedK
-from .decision import Alone, CallShare, Decision, Figures
+from .decision import Decision, Figures
 from .decision import DecisionKind as Kind
-from .model import Acceptance, Costs, LengthProfile, Policy, decode_speedup
-from .steps import CostModelK, StepArms
+from .interleaved import InterleavedSteps, StepLine, ratio_interval
+from .model import Acceptance, Costs, LengthProfile, Policy, acceptance_for
+from .steps import CostModelK
 
-# What this run found about acceptance, for memory.Recheck.after: a measurement outranks a
-# skipped check, and speculation that paid outranks both.
-_OUTCOME_RANK = {None: 0, "skipped": 1, "off": 2, "on": 3}
+LOOK_LEAST = 8  # rows of a shard its look takes at least (all of a smaller shard)
+KEEP_POINTS = 512  # clean steps kept per arm: what the step lines decisions cite are fitted on
+
+
+@dataclasses.dataclass(frozen=True)
+class Saving:
+    """What speculation saved on some rows against plain decoding of them (ActorPolicy.saving):
+    seconds with a 95% interval, over `rows` speculating rows, on step lines of at least `steps`
+    clean steps per arm. Written to a shard's manifest as "saving"."""
+
+    seconds: float
+    low: float
+    high: float
+    rows: int
+    steps: int
+
+    def to_json(self) -> dict[str, object]:
+        return {**dataclasses.asdict(self), "basis": "each speculating row's verify steps and accepted tokens, "
+                "priced with this run's step lines (plain blocks interleaved with speculative steps) at the "
+                "concurrency it ran at, less the draft's prefill; the interval is the step ratio's"}
 
 
 class ShardProgress(Protocol):
@@ -33,8 +52,6 @@ class ShardProgress(Protocol):
 
     def pending_prompt_lengths(self) -> list[int]: ...
 
-
-S = TypeVar("S", bound=ShardProgress)
 
 
 def _profile(shard: ShardProgress) -> LengthProfile:
@@ -50,9 +67,11 @@ class ActorPolicy:
     def __init__(self, policy: Policy):
         self.policy = policy
         self.costs_by_batch: dict[int, Costs] = {}  # measured (or learned) per concurrency on this actor
+        # vllm: this run's clean steps per arm, (rows, seconds), from every call's interleaved blocks,
+        # and what prompts cost per row and prompt position (target, draft), from calls' fills.
+        self.points: dict[int, list[tuple[float, float]]] = {}
+        self.prefill_row_token_s: tuple[float, float] | None = None
         self.remembered: str | None = None  # "job ... at ...", while decisions rest on remembered numbers
-        self.recheck = False  # check a remembered "off" in the next call (memory.Recheck)
-        self.outcome: str | None = None  # what this run found about acceptance (memory.Recheck.after)
 
     @property
     def learns_costs(self) -> bool:
@@ -60,16 +79,13 @@ class ActorPolicy:
         return self.policy.measure_in_call
 
     def start_from(self, costs: dict[int, Costs], prior: Acceptance | None, new_tokens: list[int],
-                   remembered: str | None, recheck_due: bool) -> None:
+                   remembered: str | None) -> None:
         """Start from what an earlier run measured on this node (runner/memory.py): costs by
         concurrency, the acceptance prior, completion lengths, and which run that was."""
         self.costs_by_batch.update(costs)
         self.policy.prior = prior or self.policy.prior
         self.policy.new_tokens_seen.extend(new_tokens)
         self.remembered = remembered
-        # On vllm a call decided "off" runs plain and observes no acceptance, so an "off" that rests
-        # on a remembered acceptance is checked in this run's first call when due.
-        self.recheck = prior is not None and self.learns_costs and recheck_due
 
     # -- a shard's decisions ------------------------------------------------------------------
     def decide(self, shard: ShardProgress, batches_off: int = 0) -> tuple[Decision, bool]:
@@ -86,85 +102,102 @@ class ActorPolicy:
         return d, new and last is not None
 
     def mark_remembered(self, d: Decision) -> Decision:
-        """A decision taken on remembered numbers says so (its reason renders where they came from),
-        and, when it is off for an earlier run's acceptance, is one check_remembered may turn into a
-        check."""
-        if self.remembered and not d.speculate and d.alpha is not None and self.learns_costs:
-            d.rests_on_remembered_acceptance = True
+        """A decision taken on remembered numbers says so (its reason renders where they came from)."""
         if self.remembered and self.policy.costs is not None:
             d.remembered = self.remembered
         return d
 
+    # -- a call of several shards in one continuous batch (vllm) -------------------------------
+    def look_sizes(self, pending: Sequence[int], concurrency: int) -> list[int]:
+        """Rows of each shard the look takes: an equal share of the call's concurrency, at least
+        LOOK_LEAST (all of a smaller shard), so that the look runs at the concurrency the shards
+        will run at and each shard's acceptance is its own rows'."""
+        share = max(LOOK_LEAST, -(-concurrency // max(len(pending), 1)))
+        return [min(n, share) for n in pending]
+
+    def look(self, rows: int, shards: int) -> tuple[Decision, InterleavedSteps]:
+        """The decision a look's rows run under, and its step rule: at k, with plain blocks between
+        its steps (InterleavedSteps) that time what a step at k costs against a plain one at every
+        row count the look drains through. Never stopped by its steps: the look is there to measure."""
+        k = self.policy.k_default
+        d = Decision(Kind.LOOK, True, k, f"{rows} rows of this call's {shards} shards run at k={k} to measure each "
+                     "shard's own acceptance, with plain blocks between their steps timing what a step costs",
+                     figures=Figures(rows=rows, k=k))
+        return d, InterleavedSteps(k, dense=True, guard=False)
+
+    def decide_own(self, shard: ShardProgress, alpha: float | None, rows: int, tokens_per_step: float | None,
+                   concurrency: int) -> Decision:
+        """A shard's decision for the rest of its rows from its own acceptance (its look rows') and
+        the step costs at this concurrency; recorded in the shard. Without costs (no clean steps of
+        both arms yet, nothing remembered), the call measures: MEASURING."""
+        costs = self.costs_at(concurrency)
+        self.policy.costs = costs
+        if costs is None and self.policy.mode == "auto":
+            d = Decision(Kind.MEASURING, True, self.policy.k_default, "no step costs at this concurrency yet; the "
+                         "call interleaves plain blocks with its speculative steps and turns plain if they show it slower",
+                         alpha=alpha, at_row=shard.done)
+        else:
+            ks = tuple(sorted(costs.verify_s)) if costs is not None else None
+            d = self.policy.decide(LengthProfile(shard.pending_prompt_lengths(), _profile(shard).expected_new_tokens),
+                                   None, at_row=shard.done, alpha=alpha, ks=ks)
+        d.figures = dataclasses.replace(d.figures, look_rows=rows or None, tokens_per_step=tokens_per_step,
+                                        **self._cost_figures(concurrency))
+        d = self.mark_remembered(d)
+        shard.decisions.append(d)
+        return d
+
     @staticmethod
-    def _replace(shard: ShardProgress, old: Decision, new: Decision) -> None:
-        """Record `new` in the shard's decisions where `decide` recorded `old` (the call runs under new)."""
-        shard.decisions[:] = [new if x is old else x for x in shard.decisions]
+    def own_acceptance(rows: Sequence[tuple[int, int]], k: int) -> tuple[float | None, float | None]:
+        """(per-token acceptance, tokens per verify step) of a shard from its rows' (accepted tokens,
+        verify steps): what its own rows delivered, as the cost model counts it (acceptance_for)."""
+        steps = sum(n for _, n in rows)
+        if steps == 0:
+            return None, None
+        per_step = (sum(a for a, _ in rows) + steps) / steps
+        return acceptance_for(per_step, k), round(per_step, 3)
 
-    # -- a call of several shards (vllm) ------------------------------------------------------
-    def joint(self, decided: Sequence[tuple[S, Decision]]) -> list[tuple[S, Decision]]:
-        """vllm: shards whose own decisions differ still share one call, under the decision the
-        policy takes for all their rows together. vLLM sets k per engine step for every row it
-        runs, so a call split by decision ran its parts one after the other, each at a fraction
-        of the call's concurrency. On a GPU a decode step costs about as much for 48 rows as for
-        96, so that can double the call's time (docs/policy.md; issue 39 replaces this with each
-        shard's own decision inside one continuous batch). The cost model is linear in prompt and
-        new tokens, so the rows' mean profile predicts their sum."""
-        if len({(d.speculate, d.k) for _, d in decided}) < 2 or self.policy.costs is None:
-            return list(decided)
-        left = [(w.pending_prompt_lengths(), _profile(w).expected_new_tokens) for w, _ in decided]
-        n = sum(len(lengths) for lengths, _ in left)
-        profile = LengthProfile([p for lengths, _ in left for p in lengths],
-                                sum(expected * len(lengths) for lengths, expected in left) / n)
-        joint = self.policy.decide(profile, None)
-        out = []
-        for w, d in decided:
-            share = CallShare(n, len(decided), Alone(d.speculate, d.k, d.predicted_speedup))
-            together = self.mark_remembered(
-                dataclasses.replace(joint, at_row=d.at_row, call=share))
-            self._replace(w, d, together)
-            out.append((w, together))
-        return out
+    def lines(self) -> tuple[StepLine | None, StepLine | None]:
+        """(speculative, plain) step lines over this run's clean steps (vllm)."""
+        k = self.policy.k_default
+        return StepLine.fit(self.points.get(k, [])), StepLine.fit(self.points.get(0, []))
 
-    def check_remembered(self, decided: Sequence[tuple[S, Decision]], concurrency: int) -> list[tuple[S, Decision]]:
-        """vllm: the decisions of a call's shards, with an "off" that rests on an earlier run's
-        acceptance turned into a check when one is due (memory.Recheck): the call speculates
-        until its own steps say whether that acceptance still holds (checking_rule). Only when
-        every shard of the call is off for that reason, so the check never splits a call, and
-        when costs are known at the call's concurrency, so it is judged, not measured."""
-        offs = [d for _, d in decided if d.rests_on_remembered_acceptance]
-        if not offs:
-            return list(decided)
-        if not (self.recheck and len(offs) == len(decided) and concurrency in self.costs_by_batch):
-            self.found("skipped")
-            return list(decided)
-        out = []
-        for w, d in decided:
-            k = d.figures.k if d.figures.k is not None else self.policy.k_default
-            check = Decision(Kind.CHECKING, True, k, f"the remembered {d.body()}; this call speculates "
-                             "until its own steps show whether that still holds", d.predicted_speedup, d.alpha,
-                             d.at_row, d.figures, remembered=self.remembered)
-            self._replace(w, d, check)
-            out.append((w, check))
-        return out
+    def costs_at(self, concurrency: int) -> Costs | None:
+        """Step costs at this concurrency: from this run's step lines where both arms have them
+        (with prompts' costs from its fills, scaled to the rows), else as remembered or measured at
+        this concurrency or the nearest one within 2x."""
+        spec, plain = self.lines()
+        if spec is not None and plain is not None and self.prefill_row_token_s is not None:
+            pre, pre_draft = (x * concurrency for x in self.prefill_row_token_s)
+            k = self.policy.k_default
+            return Costs.from_steps(concurrency, {0: plain.at(concurrency), k: spec.at(concurrency)}, pre, pre_draft)
+        if concurrency in self.costs_by_batch:
+            return self.costs_by_batch[concurrency]
+        near = [b for b in self.costs_by_batch if concurrency / 2 <= b <= concurrency * 2]
+        return self.costs_by_batch[min(near, key=lambda b: abs(b - concurrency))] if near else None
 
-    def found(self, outcome: str) -> None:
-        """Note what this run found about acceptance (the higher rank stays)."""
-        if _OUTCOME_RANK[outcome] > _OUTCOME_RANK[self.outcome]:
-            self.outcome = outcome
+    def _cost_figures(self, concurrency: int) -> dict[str, Any]:
+        """What a decision's step costs rest on: the clean steps behind the lines, and the step
+        ratio at this concurrency with its 95% interval."""
+        spec, plain = self.lines()
+        if spec is None or plain is None:
+            return {}
+        r, low, high = ratio_interval(spec, plain, concurrency)
+        return {"pairs": min(spec.points, plain.points), "step_ratio": round(r, 3),
+                "step_ratio_interval": (round(low, 3), round(high, 3))}
+
+    def call_rule(self, k: int, concurrency: int) -> InterleavedSteps:
+        """The rule of a call at k: a plain block every InterleavedSteps.every steps (the control
+        that keeps the step lines current), and plain for the rest of the call once its own steps
+        show speculation slower with 95% confidence. Dense blocks while no costs are known."""
+        return InterleavedSteps(k, dense=self.costs_at(concurrency) is None)
 
     # -- the rule a call runs under -----------------------------------------------------------
-    def draft_length(self, k: int, concurrency: int, per_round_k: bool, adaptive: bool,
-                     strict: bool = False) -> DraftLength | StepArms:
-        """How k is chosen inside a speculative call. vllm (costs learnt in calls): a StepArms that
-        measures plain steps too while costs at this concurrency are unknown, else one that guards
-        the decision with the acceptance its steps deliver. hf: per round, from the cost model
-        (CostModelK) or the acceptance heuristic (AdaptiveK), or fixed."""
+    def draft_length(self, k: int, concurrency: int, per_round_k: bool, adaptive: bool) -> DraftLength | InterleavedSteps:
+        """How k is chosen inside a speculative call. vllm (costs learnt in calls): InterleavedSteps
+        (call_rule). hf: per round, from the cost model (CostModelK) or the acceptance heuristic
+        (AdaptiveK), or fixed."""
         if self.learns_costs:
-            costs = self.costs_by_batch.get(concurrency)
-            if costs is None:
-                return StepArms((k, 0), strict=strict)
-            # Decided from known costs: the call still checks the acceptance its own steps deliver.
-            return StepArms((k,), guard=lambda alpha: decode_speedup(alpha, k, costs.c, costs.v(k)))
+            return self.call_rule(k, concurrency)
         if not per_round_k:  # k is set per call, by the policy between blocks
             return FixedK(k)
         if adaptive and self.policy.costs is not None:
@@ -173,71 +206,61 @@ class ActorPolicy:
             return AdaptiveK(k=k)
         return FixedK(k)
 
-    def checking_rule(self, decision: Decision, rows: Sequence[tuple[ShardProgress, int]], concurrency: int) -> StepArms:
-        """The rule of a call that checks a remembered "off": k from the start, and once its clean
-        steps have made guard_passes row passes, plain for the rest unless the acceptance they
-        delivered makes the decision's own prediction (prefill included, for the call's rows: each
-        a shard and its prompt length) earn 1 + margin, as any "off" must to turn on. Where the
-        remembered acceptance still holds, the check costs the draft's prefill and a few
-        speculative steps."""
-        expected = sum(_profile(shard).expected_new_tokens for shard, _ in rows) / len(rows)  # by the rows in this call
-        profile = LengthProfile([length for _, length in rows], expected)
-        costs = self.costs_by_batch[concurrency]
-        k = decision.k
-        return StepArms((k,), guard=lambda alpha: self.policy.predict(profile, alpha, k, costs),
-                        threshold=1.0 + self.policy.margin)
-
     # -- what a call teaches ------------------------------------------------------------------
-    def learn(self, rule: StepArms, decision: Decision, concurrency: int, prompt_lengths: list[int]) -> Decision:
-        """After a vllm call whose steps a StepArms rule chose: keep the step costs it measured for
-        the next decisions at this concurrency; returns the decision the call's rows ran under:
-        `decision` itself, or a new one (kept arm, or stopped) for the runner to record in the
-        manifest of each shard the call ran rows of."""
+    def learn(self, rule: InterleavedSteps, decision: Decision, concurrency: int, prompt_lengths: list[int]) -> Decision:
+        """After a vllm call under an InterleavedSteps rule: keep its clean steps and what its
+        prompts cost, and the costs they give at this concurrency for the next decisions (and the
+        next run's memory); returns the decision the call's rows ran under: `decision`, or STOPPED
+        when its steps turned it plain (recorded by the runner)."""
         rule.finish()
-        # A call decided beforehand: did what its steps delivered pay? Judged by the costs the call
-        # was decided and guarded with, before this call's steps refresh them below. Judged after,
-        # one step's time measured here was set against a plain step remembered from another run:
-        # in CI, under load, a check whose rows had all run at k and stayed on was counted as
-        # confirming its "off" (test_an_off_from_an_earlier_runs_acceptance_is_checked_...).
-        verdict = None
-        if rule.guard is not None:
-            alpha = rule.acceptance().get(rule.arms[0])
-            if rule.stopped or alpha is not None:
-                verdict = "off" if rule.stopped or rule.guard(alpha) < rule.threshold else "on"  # type: ignore[arg-type]
-        self._learn_costs(rule, concurrency, prompt_lengths)
-        if decision.kind is Kind.CHECKING:
-            self.recheck = False  # once a run: later calls decide from what this one delivered
-        if verdict is not None:
-            self.found(verdict)
-        elif rule.guard is None and rule.explored():
-            self.found("on" if rule.k > 0 else "off")
-        if rule.stopped:  # the call's own acceptance said speculation no longer pays
-            seen = rule.stopped
-            assumed = f" where the decision assumed {decision.alpha:.2f}" if decision.alpha is not None else ""
-            return Decision(Kind.STOPPED, False, 0, f"its steps at k={seen['k']} delivered per-token acceptance "
-                            f"{seen['acceptance']:.2f} over {seen['row_passes']} row passes{assumed}, predicted "
-                            f"{seen['predicted_speedup']:.2f}x", seen["predicted_speedup"], seen["acceptance"],
-                            decision.at_row, Figures(rows=len(prompt_lengths), k=int(seen["k"]), acceptance=seen["acceptance"],
-                                    predicted_speedup=seen["predicted_speedup"], steps=int(seen["steps"]),
-                                    row_passes=int(seen["row_passes"])))
-        if not rule.explored():
+        for k, points in rule.points.items():
+            kept = self.points.setdefault(k, [])
+            kept.extend(points)
+            del kept[:-KEEP_POINTS]
+        if rule.prefill_s > 0 and prompt_lengths:
+            positions = sum(prompt_lengths) / len(prompt_lengths)
+            rows = min(len(prompt_lengths), concurrency) or 1
+            pre, pre_draft = rule.prefill_costs()
+            self.prefill_row_token_s = (pre / positions / rows, pre_draft / positions / rows)
+        if (costs := self.costs_at(concurrency)) is not None and self.lines()[0] is not None:
+            self.costs_by_batch[concurrency] = costs
+        self.policy.costs = self.costs_at(concurrency)
+        if rule.stopped is None:
             return decision
-        rates = rule.rates()  # measured speedup: speculative steps' tokens per second over plain steps'
-        return Decision(Kind.KEPT, rule.k > 0, rule.k, rule.summary(), round(rates[rule.arms[0]] / rates[0], 3),
-                        self.policy.prior.estimate, decision.at_row,
-                        Figures(tokens_per_s={str(k): round(v, 1) for k, v in rates.items()}, k=decision.k,
-                                rows=rule.rows, costs_kept=rule.costs_kept()))
+        mean, low, high = rule.stopped
+        return Decision(Kind.STOPPED, False, 0, f"its steps at k={rule.k_spec} ran {mean:.2f}x plain's tokens/s at "
+                        f"{rule._rows} rows (95% interval {low:.2f}-{high:.2f}x, over {len(rule.points[0])} plain "
+                        f"and {len(rule.points[rule.k_spec])} speculative steps)", round(mean, 3), decision.alpha,
+                        decision.at_row, Figures(rows=len(prompt_lengths), k=rule.k_spec,
+                                                 pairs=min(len(p) for p in rule.points.values()),
+                                                 speedup_interval=(round(low, 3), round(high, 3))))
 
-    def _learn_costs(self, rule: StepArms, concurrency: int, prompt_lengths: list[int]) -> None:
-        """The step costs a call measured, kept for its concurrency (when its arms were comparable)."""
-        b = concurrency
-        # Prefill costs are per prompt position for the whole batch (as measure_costs gives them,
-        # and as Policy.predict multiplies them by the mean prompt length), not per token.
-        positions = sum(prompt_lengths) / max(len(prompt_lengths), 1) or 1
-        steps = rule.step_seconds() if rule.costs_kept() else {}  # not kept: the next call measures again
-        prefill, draft_prefill = (seconds / positions for seconds in rule.prefill_costs())
-        if b in self.costs_by_batch:
-            self.costs_by_batch[b].learn_steps(steps, prefill, draft_prefill)
-        elif (costs := Costs.from_steps(b, steps, prefill, draft_prefill)) is not None:
-            self.costs_by_batch[b] = costs
-        self.policy.costs = self.costs_by_batch.get(b)
+    # -- what speculation saved ---------------------------------------------------------------
+    def saving(self, rows: Sequence[tuple[int, int, int, int]]) -> Saving | None:
+        """What speculation saved (negative: cost) on a shard's rows against plain decoding of the
+        same rows, in seconds with a 95% interval, from this run's measurements (vllm): each row's
+        verify steps and accepted tokens, and the step lines at the concurrency it ran at.
+
+        rows: (accepted tokens, verify steps, prompt tokens, concurrency) of the rows that ran at k.
+        A row that made R verify steps and accepted A tokens emitted A + R tokens in them, which
+        plain decoding makes in A + R steps; so it saved p x (A + R - R x r), with p a plain step's
+        time per row and r a step at k over a plain step at its concurrency, less what the draft
+        spent on its prompt. The interval is r's (the step lines' residuals); p's own error is small
+        beside it and left out. None without step lines."""
+        spec, plain = self.lines()
+        if spec is None or plain is None:
+            return None
+        draft_row_token_s = self.prefill_row_token_s[1] if self.prefill_row_token_s else 0.0
+        total = low = high = 0.0
+        counted = 0
+        for accepted, steps, prompt, concurrency in rows:
+            if steps <= 0 or concurrency <= 0:
+                continue
+            p = plain.at(concurrency) / concurrency
+            r, r_low, r_high = ratio_interval(spec, plain, concurrency)
+            gain, draft = p * (accepted + steps), prompt * draft_row_token_s
+            total += gain - p * steps * r - draft
+            low += gain - p * steps * r_high - draft
+            high += gain - p * steps * r_low - draft
+            counted += 1
+        return Saving(round(total, 4), round(low, 4), round(high, 4), counted, min(spec.points, plain.points))

@@ -24,8 +24,9 @@ log = logging.getLogger("batchspec.worker")
 
 
 def commit_shard(work: ShardWork, store: OutputStore, engine: Backend, job_id: str, worker: str,
-                 backend_note: str | None, costs: Costs | None) -> dict:
-    """Write the shard's part (whole or nothing), then its manifest; returns the manifest."""
+                 backend_note: str | None, costs: Costs | None, saving: dict | None = None) -> dict:
+    """Write the shard's part (whole or nothing), then its manifest; returns the manifest. saving:
+    what speculation saved on its rows, measured in the run (vllm; policy.planner.Saving)."""
     shard, rows_in = work.shard, work.rows_in
     rows_out = [output_row(shard, r, work.results.get(r.row_index), work.attempt, engine, worker) for r in work.rows]
     t1 = time.perf_counter()
@@ -44,7 +45,7 @@ def commit_shard(work: ShardWork, store: OutputStore, engine: Backend, job_id: s
         "error_kinds": _count_errors(rows_out), "tokens": tokens, "decisions": [d.to_json() for d in work.decisions],
         "timings": {"read_s": work.read_s, "calibrate_s": work.calibrate_s, "generate_s": work.gen_s,
                     "write_s": t_write, "total_s": work.read_s + work.calibrate_s + work.gen_s + t_write},
-        "costs": costs.__dict__ if costs else None, "finished_at": now_iso(),
+        "costs": costs.__dict__ if costs else None, "saving": saving, "finished_at": now_iso(),
     }
     store.write_manifest(shard.shard, manifest)
     log_event(log, "shard done", job=job_id, shard=shard.shard, rows=manifest["rows_out"],

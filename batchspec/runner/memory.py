@@ -1,9 +1,8 @@
 """What the speculation policy measured, kept on the actor's node between runs (speculation.remember).
 
 A nightly job runs the same models on the same machines every night, yet each run started from
-nothing: on vllm its first call spent steps measuring plain decoding against k (2 plain steps and
-a switch step of the demo call's ~13 decode steps, 8% of its generation), on hf the policy
-calibrated before the first shard. Both are facts about the machine and the models, and the
+nothing: on vllm its look paired plain blocks with speculative steps densely to learn what a step
+costs, on hf the policy calibrated before the first shard. Both are facts about the machine and the models, and the
 acceptance and completion lengths the policy starts a shard from are facts about the job.
 
 Two JSON files per node, under BATCHSPEC_POLICY_MEMORY (default: BATCHSPEC_CACHE/policy, i.e.
@@ -21,10 +20,9 @@ from every call as before, and a remembered acceptance counts as at most PRIOR_T
 the first call of a run outweighs it. A run that decides "off" from memory measures nothing, and
 would go on deciding from the same numbers every night: so remembered costs are used for
 MAX_AGE_DAYS after the run that last measured them (their file keeps that run's measured_at),
-then the job measures again as if new, acceptance included. On vllm an "off" that rests on a
-remembered acceptance is also checked in the run's first call (runner/worker.py, "on
-(checking)"): on the second run that decides so, and each check that confirms "off" doubles
-the runs until the next, up to 8 skipped between checks (Recheck). A file that cannot be read is
+then the job measures again as if new, acceptance included. On vllm no decision rests on a
+remembered acceptance: every run measures each shard's own on its look rows (runner/worker.py),
+so an "off" is never carried over unchecked. A file that cannot be read is
 ignored with one warning (the run measures as if it were new); writes go through a temporary
 file and a rename, so a killed actor leaves the last good file.
 """
@@ -37,7 +35,7 @@ import logging
 import os
 import platform
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -49,43 +47,6 @@ log = logging.getLogger("batchspec.worker")
 PRIOR_TRIALS = 64.0  # weight of a remembered acceptance: one call of 96 rows observes ~2,000 trials
 MAX_AGE_DAYS = 7.0  # a nightly job that stays off measures again once a week
 NEW_TOKENS_KEPT = 256  # the window Policy.expected_new_tokens averages over
-RECHECK_GAP_MAX = 8  # runs decided "off" unchecked between two checks, at most
-
-
-@dataclass
-class Recheck:
-    """When a vllm run checks an "off" that rests on a remembered acceptance (module docstring).
-
-    A job measured once on a bad night (another dataset under the same name, a draft swapped back)
-    used to decide "off" from that night's acceptance on every run until its costs aged out a week
-    later: on vllm a call decided "off" runs plain and observes no acceptance. Checking on every
-    run would make a job that is rightly off pay the draft's prefill and a few speculative steps
-    every night, so the gap between checks doubles with each one that confirms "off".
-
-    skipped: runs since the last check that decided "off" from memory without checking.
-    confirmed: checks (or runs that measured acceptance themselves) in a row that said "off"."""
-
-    skipped: int = 0
-    confirmed: int = 0
-
-    def due(self) -> bool:
-        """Check now: on the second run that decides "off" from memory after the run that measured
-        acceptance (the first decides as that run left it: on the mixed benchmark job the run
-        after a first run is off at a remembered 0.81 for prefill and completion lengths, not
-        for a changed acceptance), then after 2, 4, 8 runs skipped as confirmations add up."""
-        return self.skipped >= min(RECHECK_GAP_MAX, 2 ** max(self.confirmed - 1, 0))
-
-    def after(self, outcome: str | None) -> Recheck:
-        """The state the next run starts from, given what this run did: "on" (speculation ran and
-        paid), "off" (acceptance measured in this run said off), "skipped" (off from memory, not
-        checked), None (nothing about acceptance was decided)."""
-        if outcome == "on":
-            return Recheck()
-        if outcome == "off":
-            return Recheck(0, self.confirmed + 1)
-        if outcome == "skipped":
-            return Recheck(self.skipped + 1, self.confirmed)
-        return self
 
 
 def memory_root() -> Path | None:
@@ -167,7 +128,6 @@ class PolicyMemory:
         self.costs_path = root / f"costs-{_digest(costs_key)}.json"
         self.job_path = root / f"job-{_digest(job_key)}.json"
         self._costs_loaded: tuple[dict, str, str] | None = None  # (costs as loaded, measured by, at)
-        self.recheck = Recheck()  # as loaded; save() writes what this run's outcome makes of it
 
     @classmethod
     def for_spec(cls, spec, backend: str) -> PolicyMemory | None:
@@ -223,23 +183,18 @@ class PolicyMemory:
                     scale = min(1.0, PRIOR_TRIALS / a["trials"])
                     prior = Acceptance(accepted=a["accepted"] * scale, trials=a["trials"] * scale)
                 new_tokens = [int(n) for n in data["new_tokens"]][-NEW_TOKENS_KEPT:]
-                r = data.get("recheck") or {}  # absent in files of earlier versions
-                self.recheck = Recheck(int(r.get("skipped", 0)), int(r.get("confirmed", 0)))
                 source = source or f"job {data['job_id']} at {data['measured_at']}"
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             log.warning("policy memory under %s is malformed (%s: %s); measuring as for a new job",
                         self.root, type(e).__name__, e)
-            self._costs_loaded, self.recheck = None, Recheck()
+            self._costs_loaded = None
             return {}, None, [], None
         return costs, prior, new_tokens, source
 
-    def save(self, costs: dict[int, Costs], prior: Acceptance, new_tokens: list[int], job_id: str,
-             outcome: str | None = None) -> None:
+    def save(self, costs: dict[int, Costs], prior: Acceptance, new_tokens: list[int], job_id: str) -> None:
         """Write both files (atomically each). Costs this run left as they were keep the stamp of the
-        run that measured them, which is what their age counts from. outcome: what this run did
-        about acceptance so far (Recheck.after), applied to the state as loaded, so a run that
-        saves after every batch of shards counts once. A failure to write is a warning, never a
-        failed shard."""
+        run that measured them, which is what their age counts from. A failure to write is a
+        warning, never a failed shard."""
         now = datetime.now(UTC).isoformat(timespec="seconds")
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -255,8 +210,7 @@ class PolicyMemory:
                 key = {**self.job_key, "costs": _readable(self.costs_key)}
                 self._write(self.job_path, {"job_id": job_id, "measured_at": now, "key": key,
                                             "acceptance": {"accepted": prior.accepted, "trials": prior.trials},
-                                            "new_tokens": new_tokens[-NEW_TOKENS_KEPT:],
-                                            "recheck": asdict(self.recheck.after(outcome))})
+                                            "new_tokens": new_tokens[-NEW_TOKENS_KEPT:]})
         except OSError as e:
             log.warning("policy memory could not be written under %s (%s); the next run measures again",
                         self.root, e)

@@ -16,17 +16,7 @@ import time
 import pyarrow as pa
 
 from ..engine.api import Backend, DraftLength, SamplingParams, row_seed
-from ..policy import (
-    ActorPolicy,
-    CostModelK,
-    Costs,
-    Decision,
-    LengthProfile,
-    Look,
-    Policy,
-    StepArms,
-)
-from ..policy import DecisionKind as Kind
+from ..policy import ActorPolicy, CostModelK, Costs, Decision, InterleavedSteps, LengthProfile, Policy
 from ..spec import JobSpec
 from .commit import commit_shard, committed_already, fail_shard
 from .faults import FaultPlan
@@ -56,7 +46,7 @@ class ShardRunner:
         pa.Table.from_pylist([], schema=OUTPUT_SCHEMA)
         sp = spec.speculation
         mode = "off" if m.draft.kind == "none" else sp.mode
-        # vLLM with one engine: costs come from the steps of real calls (policy.StepArms), no calibration.
+        # vLLM with one engine: costs come from the steps of real calls (policy.InterleavedSteps), no calibration.
         measure_in_call = mode == "auto" and engine.learns_costs
         # The actor's decisions, and the state they rest on (policy/planner.py).
         self.planner = ActorPolicy(Policy(mode, k_default=sp.num_speculative_tokens,
@@ -67,7 +57,7 @@ class ShardRunner:
         self.memory = PolicyMemory.for_spec(spec, engine.name) if mode == "auto" else None
         if self.memory is not None:
             costs, prior, new_tokens, remembered = self.memory.load()
-            self.planner.start_from(costs, prior, new_tokens, remembered, self.memory.recheck.due())
+            self.planner.start_from(costs, prior, new_tokens, remembered)
             if remembered:
                 a = self.policy.prior.estimate
                 log_event(log, f"policy: starting from what {remembered} measured on this node (costs at "
@@ -106,10 +96,10 @@ class ShardRunner:
         self.policy.calibrate(known[b])
         return time.perf_counter() - t0 if measured else 0.0
 
-    def draft_length(self, k: int, rows: int = 0, strict: bool = False) -> DraftLength | StepArms:
+    def draft_length(self, k: int, rows: int = 0) -> DraftLength | InterleavedSteps:
         """The rule that picks k inside a speculative call over `rows` rows (ActorPolicy.draft_length)."""
         return self.planner.draft_length(k, self.concurrency(rows), self.engine.per_round_k,
-                                         self.spec.speculation.adaptive, strict)
+                                         self.spec.speculation.adaptive)
 
     def run(self, shard: Shard) -> dict:
         """Process one shard and commit it; returns the shard manifest (also written to the store)."""
@@ -118,9 +108,9 @@ class ShardRunner:
     def run_many(self, shards: list[Shard]) -> list[dict]:
         """Process shards and commit each one; returns their manifests, in order.
 
-        On the vllm backend, shards that get the same decision share one engine call, so vLLM's
-        continuous batching sees all their rows at once (a shard is still profiled, decided,
-        committed and retried alone). Any failure fails its shard alone (all shards of a shared call
+        On the vllm backend, each shard runs under its own decision and shards with the same decision
+        share one engine call, so vLLM's continuous batching sees all their rows at once (a shard is
+        still profiled, decided, committed and retried alone). Any failure fails its shard alone (all shards of a shared call
         when the call itself fails): the manifest records the error, when the store can be reached
         at all, and the actor moves on."""
         out: dict[str, dict] = {}
@@ -139,10 +129,10 @@ class ShardRunner:
                 out[shard.shard] = work
             else:
                 works.append(work)
-        together = self.engine.whole_shard_calls and len(works) > 1
+        together = self.engine.whole_shard_calls
         for group in ([works] if together else [[w] for w in works]):
             try:
-                self._generate_together(group) if together else self._generate(group[0])
+                self._generate_calls(group) if together else self._generate(group[0])
             except Exception as e:  # OOM, a dead engine, a bug: the shards of this call fail, the job goes on
                 for w in group:
                     out[w.shard.shard] = fail_shard(self.store, self.job_id, self.worker, w.shard, e)
@@ -150,14 +140,26 @@ class ShardRunner:
         for w in works:
             try:
                 out[w.shard.shard] = commit_shard(w, self.store, self.engine, self.job_id, self.worker,
-                                                  self.backend_note, self.policy.costs)
+                                                  self.backend_note, self.policy.costs, self._saving(w))
             except Exception as e:
                 out[w.shard.shard] = fail_shard(self.store, self.job_id, self.worker, w.shard, e)
         if self.memory is not None and works:
             p, plan = self.policy, self.planner
-            self.memory.save(plan.costs_by_batch, p.prior, p.new_tokens_seen, self.job_id, plan.outcome)
+            self.memory.save(plan.costs_by_batch, p.prior, p.new_tokens_seen, self.job_id)
             plan.remembered = None  # from here on the decisions rest on this run's own measurements too
         return [out[s.shard] for s in shards]
+
+    def _saving(self, work: ShardWork) -> dict | None:
+        """What speculation saved on the shard's rows, measured in this run (ActorPolicy.saving);
+        None where there is nothing to measure it with (hf: the report estimates it from costs)."""
+        if not self.learns_costs:
+            return None
+        rows = [(o.stats.accepted_tokens, o.stats.spec_rounds, o.stats.prompt_tokens, concurrency)
+                for o, _, concurrency in work.results.values() if o.stats.spec_rounds]
+        if not rows:
+            return {"seconds": 0.0, "low": 0.0, "high": 0.0, "rows": 0, "steps": 0, "basis": "no row speculated"}
+        saving = self.planner.saving(rows)
+        return saving.to_json() if saving else None
 
     def _open(self, shard: Shard, previous: dict | None = None) -> ShardWork | dict:
         """Read, validate and tokenize a shard (previous: its manifest, read here when not given);
@@ -197,74 +199,92 @@ class ShardRunner:
         return d
 
     def _generate(self, work: ShardWork) -> None:
-        """One shard alone. hf: micro-batches of batch_size, re-deciding after each. vllm: the rest of
-        the shard in one call (continuous batching), after a short probe when no acceptance is known."""
+        """One shard alone on the hf backend: micro-batches of batch_size, re-deciding after each."""
         if self.faults:
             self.faults.reached(work.shard.shard, 0)
         work.calibrate_s = self.calibrate_for(len(work.valid), [r.token_ids for r in work.valid])
         bs, off_batches, t0 = self.spec.resources.batch_size, 0, time.perf_counter()
         while work.done < len(work.valid):
             decision = self._decide(work, off_batches)
-            whole = self.engine.whole_shard_calls
-            if whole:
-                ((_, decision),) = self.planner.check_remembered([(work, decision)],
-                                                                 self.concurrency(len(work.valid) - work.done))
-            if whole and decision.probes:
-                self._probe(work, decision)
-                continue
-            batch = work.valid[work.done:] if whole else work.valid[work.done:work.done + bs]
-            self._generate_block([(work, r) for r in batch], decision)
+            rule = self.draft_length(decision.k) if decision.speculate else None
+            self._run_block([(work, r) for r in work.valid[work.done:work.done + bs]], decision, rule)
             off_batches = 0 if decision.speculate else off_batches + 1
             if self.faults:
                 self.faults.reached(work.shard.shard, work.done)
         work.gen_s = time.perf_counter() - t0
 
-    def _generate_together(self, works: list[ShardWork]) -> None:
-        """Several shards on the vllm backend: a probe first if this actor has seen no acceptance yet,
-        then each shard's own decision, and one call per distinct (on/off, k) over all their rows.
-        A shared call's time is split among its shards by their completion tokens."""
+    def _generate_calls(self, works: list[ShardWork]) -> None:
+        """Shards on the vllm backend, each under its own decision. auto: first a look (a sample of
+        each shard's rows at k, at the call's concurrency, ActorPolicy.look), then each shard's own
+        decision from its own rows' acceptance and the step costs at this concurrency; then one
+        call per decision over the rest of their rows, so shards that agree share vLLM's
+        continuous batch. A call's time is split among its shards by their completion tokens."""
         for w in works:
             if self.faults:
                 self.faults.reached(w.shard.shard, 0)
         works = [w for w in works if w.valid]
-        if works:
-            works[0].calibrate_s = self.calibrate_for(sum(len(w.valid) for w in works),
-                                                      [r.token_ids for w in works for r in w.valid])
-        spent: dict[int, float] = {}
-        if works and self.policy.prior.estimate is None:
-            first, t0 = works[0], time.perf_counter()
-            decision = self._decide(first)
-            if decision.probes:
-                self._probe(first, decision)
-                spent[id(first)] = time.perf_counter() - t0
-        groups: dict[tuple, list] = {}
-        decided = self.planner.joint([(w, self._decide(w)) for w in works if w.done < len(w.valid)])
-        rows_left = sum(len(w.valid) - w.done for w, _ in decided)
-        for w, d in self.planner.check_remembered(decided, self.concurrency(rows_left)):
-            groups.setdefault((d.speculate, d.k), []).append((w, d))
-        for members in groups.values():
-            t0 = time.perf_counter()
-            rows = [(w, r) for w, _ in members for r in w.valid[w.done:]]
-            before = {id(w): w.completion_tokens() for w, _ in members}
-            self._generate_block(rows, members[0][1])
-            gained = {id(w): w.completion_tokens() - before[id(w)] for w, _ in members}
-            total = sum(gained.values()) or 1
-            for w, _ in members:
-                spent[id(w)] = spent.get(id(w), 0.0) + (time.perf_counter() - t0) * gained[id(w)] / total
+        spent = {id(w): 0.0 for w in works}
+        looked: dict[int, tuple[float | None, float | None, int]] = {}
+        if works and self.learns_costs:
+            looked = self._look(works, spent)
+        groups: dict[tuple[bool, int], list[ShardWork]] = {}
+        rows_left = sum(len(w.valid) - w.done for w in works)
         for w in works:
-            w.gen_s = spent.get(id(w), 0.0)
+            if w.done == len(w.valid):
+                continue
+            if self.learns_costs:
+                assert w.profile is not None  # profiled when opened
+                w.profile.expected_new_tokens = self.expected_new(w)
+                alpha, per_step, rows = looked.get(id(w), (None, None, 0))
+                d = self.planner.decide_own(w, alpha, rows, per_step, self.concurrency(rows_left))
+                log_event(log, f"policy: {d.reason}", job=self.job_id, shard=w.shard.shard, at_row=w.done)
+            else:
+                d = self._decide(w)
+            groups.setdefault((d.speculate, d.k), []).append(w)
+        for (speculate, k), members in groups.items():
+            batch = [(w, r) for w in members for r in w.valid[w.done:]]
+            rule = self.draft_length(k, len(batch)) if speculate else None
+            self._timed(batch, members[0].decisions[-1], rule, spent)
+        for w in works:
+            w.gen_s = spent[id(w)]
             if self.faults:
                 self.faults.reached(w.shard.shard, w.done)
 
-    def _probe(self, work: ShardWork, decision: Decision, tokens: int = 16) -> None:
-        """vllm: measure acceptance with a short look (the first batch_size rows, `tokens` new tokens
-        each, speculating at the probe's k), then discard it; the rows are generated in full with the
-        decision it informs. A full-length probe would cost a whole low-concurrency call, a
-        quarter of the demo job's generation. Greedy rows come out the same; seeded sampled rows
-        too, since vLLM seeds each request."""
-        rows = work.valid[:self.spec.resources.batch_size]
-        self._call(rows, tokens, True, decision.k)
-        decision.look = Look(tokens, len(rows))
+    def _look(self, works: list[ShardWork], spent: dict[int, float]) -> dict[int, tuple[float | None, float | None, int]]:
+        """Run each shard's look rows (evenly spread over its rows) in one call at the call's
+        concurrency, interleaved across shards, so that no shard's acceptance is another's; returns
+        each shard's (own acceptance, tokens per verify step, rows) from them."""
+        c = self.concurrency(sum(len(w.valid) for w in works))
+        sizes = self.planner.look_sizes([len(w.valid) for w in works], c)
+        for w, n in zip(works, sizes):
+            step = len(w.valid) / n
+            picked = {int(i * step) for i in range(n)}
+            w.valid[:] = [r for i, r in enumerate(w.valid) if i in picked] + [r for i, r in enumerate(w.valid) if i not in picked]
+        batch = [(w, w.valid[i]) for i in range(max(sizes)) for w, n in zip(works, sizes) if i < n]
+        decision, rule = self.planner.look(len(batch), len(works))
+        for w in works:
+            w.decisions.append(decision)
+            log_event(log, f"policy: {decision.reason}", job=self.job_id, shard=w.shard.shard, at_row=0)
+        self._timed(batch, decision, rule, spent)
+        k = decision.k
+        out = {}
+        for w, n in zip(works, sizes):
+            stats = [w.results[r.row_index][0].stats for r in w.valid[:n] if r.row_index in w.results]
+            alpha, per_step = self.planner.own_acceptance([(s.accepted_tokens, s.spec_rounds) for s in stats], k)
+            out[id(w)] = (alpha, per_step, len(stats))
+        return out
+
+    def _timed(self, batch: list[tuple[ShardWork, RowInput]], decision: Decision, rule, spent: dict[int, float]) -> None:
+        """One call (_run_block), its time split among the shards it ran rows of by the completion
+        tokens each gained."""
+        t0 = time.perf_counter()
+        members = {id(w): w for w, _ in batch}
+        before = {key: w.completion_tokens() for key, w in members.items()}
+        self._run_block(batch, decision, rule)
+        gained = {key: w.completion_tokens() - before[key] for key, w in members.items()}
+        total = sum(gained.values()) or 1
+        for key in members:
+            spent[key] += (time.perf_counter() - t0) * gained[key] / total
 
     def _call(self, rows: list[RowInput], max_new: int, speculate: bool, draft_length):
         """engine.generate over rows with the job's sampling, stops and per-row seeds, each row capped
@@ -276,66 +296,31 @@ class ShardRunner:
             seeds=[row_seed(gen.seed, r.id) for r in rows], speculate=speculate, draft_length=draft_length,
             max_new_per_row=[min(max_new, engine.max_context - len(r.token_ids)) for r in rows],
         )
-        measured = draft_length.acceptance() if isinstance(draft_length, StepArms) else {}
-        if measured:
-            # vLLM: the acceptance the cost model needs is what the call's steps delivered
-            # (policy.acceptance_for), not the drafts' hit rate: an n-gram draft that often proposes
-            # nothing has a fair hit rate on what it proposes, and from that the model predicted a
-            # speedup where its steps ran slower than plain ones.
-            trials = sum(t.accepted + t.rejections for t in res.rounds)
-            for alpha in measured.values():
-                self.policy.prior.observe(alpha * trials, (1 - alpha) * trials)
-        elif not isinstance(draft_length, CostModelK):
+        if not isinstance(draft_length, CostModelK):
             for t in res.rounds:
                 self.policy.observe_round(t.k, t.draft_s, t.target_s, t.accepted, t.rejections)
         return outs
 
-    def _generate_block(self, batch: list[tuple[ShardWork, RowInput]], decision: Decision) -> Decision:
-        """One engine call over rows (possibly of several shards) under one decision; records each
-        row's result in its shard and feeds what the call measured to the policy. Returns the
-        decision the rows ran under (what a measuring call kept)."""
-        rule = self.draft_length(decision.k, len(batch)) if decision.speculate else None
-        measuring = isinstance(rule, StepArms) and len(rule.arms) > 1
-        checking = decision.kind is Kind.CHECKING and isinstance(rule, StepArms) and rule.guard is not None
-        if (measuring or checking) and len(batch) > self.engine.max_batch:
-            # Measuring needs clean steps at the call's full concurrency, and a call of more rows
-            # than the engine runs at once has almost none: as rows finish, every step admits the
-            # next ones. Its first max_num_seqs rows measure; the rest follow in one call under
-            # what they kept, recorded in the manifests of their shards too. A check of a
-            # remembered "off" is done on those rows too, so that the draft reads only their
-            # prompts when the "off" still holds.
-            first, batch = batch[:self.engine.max_batch], batch[self.engine.max_batch:]
-            if checking:
-                first_rule = self.planner.checking_rule(decision, _lengths(first), self.concurrency(len(first)))
-            else:
-                first_rule = self.draft_length(decision.k, len(first), strict=True)
-            kept = self._run_block(first, decision, first_rule)
-            if kept is not decision:
-                measured = {id(w) for w, _ in first}
-                _record(self.job_id, [(w, r) for w, r in batch if id(w) not in measured], kept)
-            decision = kept
-            rule = self.draft_length(decision.k, len(batch)) if decision.speculate else None
-            if isinstance(rule, StepArms) and len(rule.arms) > 1:  # its costs were not kept: k as measured
-                rule = StepArms((decision.k,))
-        elif checking:
-            rule = self.planner.checking_rule(decision, _lengths(batch), self.concurrency(len(batch)))
-        return self._run_block(batch, decision, rule)
-
     def _run_block(self, batch: list[tuple[ShardWork, RowInput]], decision: Decision, rule) -> Decision:
-        """The engine call itself under a draft-length rule; what the rows ran under is returned."""
+        """The engine call itself under a draft-length rule, over rows of one or more shards; records
+        each row's result in its shard and feeds what the call measured to the policy. Returns what
+        the rows ran under: `decision`, or what the call's own steps turned it into (stopped)."""
         outs = self._call([r for _, r in batch], self.spec.generation.max_new_tokens, decision.speculate, rule)
         self.policy.observe_rows([o.stats.completion_tokens for o in outs if o.error is None])
-        if isinstance(rule, StepArms):
+        if isinstance(rule, InterleavedSteps):
             learnt = self.planner.learn(rule, decision, self.concurrency(len(batch)),
                                         [len(r.token_ids) for _, r in batch])
             if learnt is not decision:  # what the call's own steps decided: in each of its shards' manifests
                 decision = _record(self.job_id, batch, learnt)
         concurrency = min(len(batch), self.concurrency(len(batch)))
+        # vllm: each row ran under its own shard's decision (the last recorded: its own, the look's,
+        # or what the call's steps turned it into); hf: under the micro-batch's.
+        own = self.engine.whole_shard_calls
         for (work, r), o in zip(batch, outs):
             if o.error is not None:
                 r.error = o.error
             else:
-                work.results[r.row_index] = (o, decision, concurrency)
+                work.results[r.row_index] = (o, work.decisions[-1] if own and work.decisions else decision, concurrency)
             work.done += 1
         return decision
 
@@ -373,8 +358,3 @@ def _record(job_id: str, batch: list, decision: Decision) -> Decision:
         work.decisions.append(decision)
         log_event(log, f"policy: {decision.reason}", job=job_id, shard=work.shard.shard, at_row=work.done)
     return decision
-
-
-def _lengths(batch: list[tuple[ShardWork, RowInput]]) -> list[tuple[ShardWork, int]]:
-    """Each row of a call as (its shard, its prompt length), as the planner reads a call."""
-    return [(w, len(r.token_ids)) for w, r in batch]
