@@ -177,6 +177,10 @@ def auto(job: Path, out: Path, memory: Path) -> dict:
                          for m in ms.values()}
     res["last_decision"] = {Path(m["path"]).stem: m["decisions"][-1]["reason"] if m["decisions"] else None
                             for m in ms.values()}
+    # What each shard's own decision predicted at its own acceptance (vllm: numbers.predicted_own).
+    res["predicted"] = {Path(m["path"]).stem: next((d["numbers"].get("predicted_own") for d in m["decisions"]
+                                                    if d["numbers"].get("predicted_own") is not None), None)
+                        for m in ms.values()}
     return res
 
 
@@ -231,6 +235,18 @@ def summarize(e: dict, domains: dict[str, str]) -> None:
         wrong = [n for n, d in domains.items() if e["favoured"][d] is not None
                  and r["speculated"].get(n) != (e["favoured"][d] == "spec")]
         r["wrong_decisions"] = wrong
+        # Per kind: the mean predicted speedup against bare plain/spec run apart (goal: within 7%).
+        r["prediction_error"] = {}
+        for kind in sorted(set(domains.values())):
+            names = [n for n, d in domains.items() if d == kind]
+            preds = [r["predicted"].get(n) for n in names if r["predicted"].get(n) is not None]
+            if preds:
+                actual = sum(plain["apart_s"][n] for n in names) / sum(spec["apart_s"][n] for n in names)
+                r["prediction_error"][kind] = round(sum(preds) / len(preds) / actual - 1, 3)
+        r["saving_error_of_generation"] = None
+        reported = r["saving"].get("measured_saving_s")
+        if reported is not None:
+            r["saving_error_of_generation"] = round((reported - r["side_by_side_saving_s"]) / r["generate_s"], 3)
         r.pop("by_id", None)
     plain.pop("completions", None)
     spec.pop("completions", None)
@@ -238,6 +254,10 @@ def summarize(e: dict, domains: dict[str, str]) -> None:
 
 def table_row(e: dict) -> str:
     p, s, f, m = e["bare_plain"], e["bare_spec"], e["auto_first"], e["auto_remembered"]
+
+    def worst(r):
+        errors = r["prediction_error"].values()
+        return f"{max(errors, key=abs):+.0%}" if errors else "-"
 
     def saving(r):
         rep = r["saving"].get("measured_saving_s")
@@ -247,12 +267,13 @@ def table_row(e: dict) -> str:
     return (f"| {e['concurrency']} | {p['generate_s']:.2f} | {s['generate_s']:.2f} | {e['oracle_s']:.2f} "
             f"| {f['generate_s']:.2f} ({f['vs_best_static']:.2f}x) | {m['generate_s']:.2f} ({m['vs_best_static']:.2f}x) "
             f"| {f['wall_s']:.1f} / {m['wall_s']:.1f} | {e['favoured']} | {len(f['wrong_decisions'])} / {len(m['wrong_decisions'])} "
-            f"| {saving(f)} / {saving(m)} | {f['identical_to_plain'] and m['identical_to_plain']} |")
+            f"| {saving(f)} / {saving(m)} | {worst(f)} / {worst(m)} | {f['identical_to_plain'] and m['identical_to_plain']} |")
 
 
 HEADER = ("| concurrency | bare plain s | bare spec s | oracle s (apart) | auto first s | auto remembered s "
           "| auto wall s (first / rem.) | domain favours | wrong decisions (first / rem.) "
-          "| reported vs side-by-side saving s (first / rem.) | identical |\n|" + "---|" * 11)
+          "| reported vs side-by-side saving s (first / rem.) | worst prediction error by kind (first / rem.) "
+          "| identical |\n|" + "---|" * 12)
 
 
 def main() -> None:

@@ -112,6 +112,8 @@ def test_each_shard_is_decided_from_its_own_rows_and_the_paired_step_costs():
     assert on.figures.tokens_per_step == 3.5 and on.figures.look_rows == 8 and on.figures.pairs >= 8
     assert on.figures.step_ratio == pytest.approx(3.0) and good.decisions == [on] and bad.decisions == [off]
     assert on.alpha == pytest.approx(alpha_good) and expected_tokens(alpha_good, 4) == pytest.approx(3.5)
+    assert on.figures.predicted_own == pytest.approx(on.predicted_speedup, abs=1e-3)  # at its own acceptance
+    assert off.figures.predicted_own == pytest.approx(off.predicted_speedup, abs=1e-3) and off.figures.predicted_own < 1.0
     assert plan.own_acceptance([], 4) == (None, None)
 
 
@@ -153,3 +155,17 @@ def test_figures_are_typed_and_the_manifest_keeps_its_numbers():
     numbers = d.to_json()["numbers"]
     assert set(numbers) == {"c", "v_k", "batch_size", "rows", "prompt_p50", "prompt_p90", "expected_new_tokens", "k"}
     assert numbers["prompt_p50"] == 35.0 and "pairs" not in numbers  # absent figures are not written
+
+
+def test_a_rows_own_cost_is_priced_from_its_steps_and_prompt():
+    """A row's share of its call: its verify steps at k and its other steps plain, at the call's
+    concurrency, plus its prompt (the draft's part only when it speculated)."""
+    plan = planner(costs_known=False, measure_in_call=True)
+    assert plan.row_cost(20, 30, 20, 5, 8, True) is None  # no step lines yet
+    _, rule = plan.look(8, 1)
+    _pairs(rule)  # a step at k 0.030 s, a plain one 0.010 s, at 8 rows
+    plan.learn(rule, plan.look(8, 1)[0], 8, [20] * 8)
+    pre, pre_draft = plan.prefill_row_token_s
+    spec = plan.row_cost(20, 30, 20, 5, 8, True)  # 5 verify steps, 5 plain (30 - 20 - 5)
+    assert spec == pytest.approx((5 * 0.030 + 5 * 0.010) / 8 + 20 * (pre + pre_draft))
+    assert plan.row_cost(20, 30, 0, 0, 8, False) == pytest.approx(30 * 0.010 / 8 + 20 * pre)

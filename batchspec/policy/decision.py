@@ -55,6 +55,7 @@ class Figures:
     pairs: int | None = None  # paired plain/speculative blocks behind the step costs
     step_ratio: float | None = None  # a step at k over a plain step, at this concurrency (mean of the pairs)
     step_ratio_interval: tuple[float, float] | None = None  # its 95% interval
+    predicted_own: float | None = None  # predicted speedup at the shard's own acceptance, whatever the kind
     speedup_interval: tuple[float, float] | None = None  # measured tokens/s ratio, 95% interval (stopped)
 
     def to_json(self) -> dict[str, Any]:

@@ -138,8 +138,11 @@ class ActorPolicy:
                          alpha=alpha, at_row=shard.done)
         else:
             ks = tuple(sorted(costs.verify_s)) if costs is not None else None
-            d = self.policy.decide(LengthProfile(shard.pending_prompt_lengths(), _profile(shard).expected_new_tokens),
-                                   None, at_row=shard.done, alpha=alpha, ks=ks)
+            profile = LengthProfile(shard.pending_prompt_lengths(), _profile(shard).expected_new_tokens)
+            d = self.policy.decide(profile, None, at_row=shard.done, alpha=alpha, ks=ks)
+            if costs is not None and alpha is not None and profile.prompt_tokens:
+                own = max(self.policy.predict(profile, alpha, k, costs) for k in ks or (self.policy.k_default,))
+                d.figures = dataclasses.replace(d.figures, predicted_own=round(own, 3))
         d.figures = dataclasses.replace(d.figures, look_rows=rows or None, tokens_per_step=tokens_per_step,
                                         **self._cost_figures(concurrency))
         d = self.mark_remembered(d)
@@ -264,3 +267,17 @@ class ActorPolicy:
             high += gain - p * steps * r_low - draft
             counted += 1
         return Saving(round(total, 4), round(low, 4), round(high, 4), counted, min(spec.points, plain.points))
+
+    def row_cost(self, prompt: int, completion: int, accepted: int, verify_steps: int, concurrency: int,
+                 speculated: bool) -> float | None:
+        """What one row's own work cost, in seconds, priced with this run's step lines at the
+        concurrency it ran at: its verify steps at k, its other steps plain, and its prompt (the
+        draft's part too when it speculated). An estimate of the row's share of its call (the
+        runner scales the shares to the call's measured time); None without step lines."""
+        spec, plain = self.lines()
+        if spec is None or plain is None or concurrency <= 0:
+            return None
+        plain_steps = max(completion - accepted - verify_steps, 0)
+        decode = (verify_steps * spec.at(concurrency) + plain_steps * plain.at(concurrency)) / concurrency
+        pre, pre_draft = self.prefill_row_token_s or (0.0, 0.0)
+        return decode + prompt * (pre + (pre_draft if speculated else 0.0))

@@ -275,16 +275,26 @@ class ShardRunner:
         return out
 
     def _timed(self, batch: list[tuple[ShardWork, RowInput]], decision: Decision, rule, spent: dict[int, float]) -> None:
-        """One call (_run_block), its time split among the shards it ran rows of by the completion
-        tokens each gained."""
+        """One call (_run_block), its measured time split among the shards it ran rows of by what
+        each row's own steps and prompt cost (ActorPolicy.row_cost: its verify and plain steps and
+        its prompt, priced with the step lines at the call's concurrency), so a shard's time is its
+        rows', not a share of the call by tokens; by completion tokens where there are no lines."""
         t0 = time.perf_counter()
-        members = {id(w): w for w, _ in batch}
-        before = {key: w.completion_tokens() for key, w in members.items()}
         self._run_block(batch, decision, rule)
-        gained = {key: w.completion_tokens() - before[key] for key, w in members.items()}
-        total = sum(gained.values()) or 1
-        for key in members:
-            spent[key] += (time.perf_counter() - t0) * gained[key] / total
+        seconds = time.perf_counter() - t0
+        concurrency = min(len(batch), self.concurrency(len(batch)))
+        weights: dict[int, float] = {}
+        for w, r in batch:
+            result = w.results.get(r.row_index)
+            if result is None:
+                continue
+            s = result[0].stats
+            cost = self.planner.row_cost(s.prompt_tokens, s.completion_tokens, s.accepted_tokens, s.spec_rounds,
+                                         concurrency, result[1].speculate or s.spec_rounds > 0)
+            weights[id(w)] = weights.get(id(w), 0.0) + (s.completion_tokens if cost is None else cost)
+        total, shards = sum(weights.values()), {id(w) for w, _ in batch}
+        for key in shards:
+            spent[key] += seconds * (weights.get(key, 0.0) / total if total else 1.0 / len(shards))
 
     def _call(self, rows: list[RowInput], max_new: int, speculate: bool, draft_length):
         """engine.generate over rows with the job's sampling, stops and per-row seeds, each row capped
