@@ -19,9 +19,7 @@ MAX_CLASS_LINES = 300
 
 # Today's functions and classes over the limits, with their size when this list was written. An
 # entry may only shrink: growing one fails, and one that fits the limit must leave the list.
-OVER_LIMIT: dict[str, int] = {
-    "batchspec/engine/generate.py:generate": 108,  # prefill, draft, verify and emit are functions now; the round loop is left
-}
+OVER_LIMIT: dict[str, int] = {}
 
 
 def _modules() -> dict[str, Path]:

@@ -44,6 +44,26 @@ class Proposer(Protocol):
 StopCheck = Callable[[list[int]], "str | None"]  # completion ids -> the stop string it now contains
 
 
+@dataclass
+class _Run:
+    """What every round of one generate() call reads: the models, the settings and the rows' outputs."""
+
+    model: torch.nn.Module
+    config: GenerationConfig
+    proposer: Proposer | None
+    draft_length: DraftLength | None
+    randoms: list[RowRandom] | None
+    stop_check: StopCheck | None
+    synchronize: Callable[[], None]
+    window: int | None
+    device: torch.device
+    outputs: list[RowOutput]
+    row_max: list[int]
+    eos: set[int]
+    features: bool  # learned drafts (Medusa, EAGLE) draft from the target's features
+    layers: list[int] | None  # EAGLE-3 reads the inputs of a few decoder layers (feature_layers)
+
+
 @torch.inference_mode()
 def generate(
     model: torch.nn.Module,
@@ -63,94 +83,96 @@ def generate(
     config.max_new_tokens applies to rows without their own cap. window: the model's sliding
     attention window; speculation then needs every row to fit in it (see _window_slack).
     """
-    device = next(model.parameters()).device
-    params = config.sampling
-    if not params.greedy and randoms is None:
+    if not config.sampling.greedy and randoms is None:
         raise ValueError("sampling needs one RowRandom per row (see api.row_seed)")
-    B = len(prompts)
+    run = _Run(model, config, proposer, draft_length, randoms, stop_check, synchronize, window,
+               next(model.parameters()).device, [RowOutput([], RowStats(prompt_tokens=len(p))) for p in prompts],
+               list(max_new_per_row) if max_new_per_row is not None else [config.max_new_tokens] * len(prompts),
+               set(config.eos_token_ids), proposer is not None and getattr(proposer, "needs_features", False),
+               getattr(proposer, "feature_layers", None))
     start = time.perf_counter()
-    outputs = [RowOutput([], RowStats(prompt_tokens=len(p))) for p in prompts]
-    eos = set(config.eos_token_ids)
-    row_max = list(max_new_per_row) if max_new_per_row is not None else [config.max_new_tokens] * B
-
-    # 1. Prefill every prompt (left-padded) and decide each row's first token.
-    # Learned drafts (Medusa, EAGLE) draft from the target's features: every pass then returns them.
-    # EAGLE-3 reads the inputs of a few decoder layers instead of the LM head's (feature_layers).
-    features = proposer is not None and getattr(proposer, "needs_features", False)
-    layers = getattr(proposer, "feature_layers", None)
-    state, first, feats = _prefill(model, prompts, config, randoms, features, layers, device)
-    synchronize()
-    prefill_s = time.perf_counter() - start
-    pending = first  # [B] emitted, not yet in the target's cache
-    active = list(range(B))  # batch slot -> output row
-    first_list = first.tolist()
-    done = [_emit(outputs[r], [t], eos, row_max[r], stop_check) for r, t in enumerate(first_list)]
-    now = time.perf_counter() - start
-    for o in outputs:
-        o.stats.ttft_s = now
-    t_draft = time.perf_counter()
-    if proposer is not None:
-        extra = {"features": feats} if features else {}
-        proposer.prefill(prompts, first_list, device, **extra)
-        synchronize()
-    draft_prefill_s = time.perf_counter() - t_draft
+    # 1. Prefill every prompt (left-padded), decide each row's first token, prefill the draft.
+    state, pending, done, prefill_s, draft_prefill_s = _first_tokens(run, prompts, start)
+    active = list(range(len(prompts)))  # batch slot -> output row
     rounds: list[RoundTiming] = []
-
     while True:
         # 2. Rows that finished leave the batch (target state, proposer, pending tokens).
         for i, r in enumerate(active):
             if done[i]:
-                outputs[r].stats.latency_s = time.perf_counter() - start
+                run.outputs[r].stats.latency_s = time.perf_counter() - start
         if all(done):
             break
         active, state, pending = _drop_finished(active, done, state, pending, proposer)
-        emitted_so_far = [len(outputs[r].token_ids) for r in active]
-
-        # 3. Draft: up to k tokens per row, never more than the row's remaining budget minus one
-        #    (the round always adds the target's own token after the accepted draft tokens).
-        k = draft_length.next_k() if (proposer is not None and draft_length is not None) else 0
-        k, lengths = _draft_lengths(k, [row_max[r] - e - 1 for r, e in zip(active, emitted_so_far)], state, window,
-                                    device)
-        uniforms = None
-        if not params.greedy:
-            uniforms = gather_uniforms([randoms[r] for r in active], emitted_so_far, k + 1, device)  # [B, k+1, 3]
-        t0 = time.perf_counter()
-        proposed = k > 0
-        siblings = draft_tokens = draft_probs = None
-        if proposed:
-            k, lengths, draft_tokens, draft_probs, siblings = _draft(proposer, k, lengths, params, uniforms,
-                                                                     trees=params.greedy and window is None)
-        step_ids = torch.cat([pending[:, None], draft_tokens], dim=1) if k > 0 else pending[:, None]  # [B, k+1]
-        synchronize()
-        t1 = time.perf_counter()
-
-        # 4. One target pass over pending + draft; verify. 5. Roll back rejected slots: keep pending
-        #    and the accepted draft tokens (invariant in cache.py).
-        if siblings is not None:  # a tree: the chain plus other candidates at each depth
-            n, next_token, draft_tokens, state, feats = _verify_tree(model, state, pending, draft_tokens, siblings,
-                                                                     lengths, layers)
-        else:
-            n, next_token, state, feats = _verify_chain(model, state, step_ids, draft_tokens, draft_probs, lengths,
-                                                        params, uniforms, features, layers)
-        synchronize()
-        t2 = time.perf_counter()
-
-        # 6. Emit n accepted draft tokens + the target's token per row, applying stop rules.
-        emitted, done, (round_proposed, round_accepted, round_rejections) = _emit_round(
-            [outputs[r] for r in active], [row_max[r] for r in active], n, next_token,
-            draft_tokens if k > 0 else None, lengths, eos, stop_check)
-        if proposer is not None:
-            extra = {"features": feats} if features else {}  # feats [B, k+1, H]
-            proposer.accept(n.tolist(), emitted, proposed=proposed, **extra)
-        pending = next_token
-        timing = RoundTiming(len(active), k, t1 - t0, t2 - t1, round_proposed, round_accepted, round_rejections)
+        state, pending, done, timing = _round(run, active, state, pending)
         rounds.append(timing)
-        if draft_length is not None and proposed:
-            draft_length.observe(timing)
-
-    for o in outputs:
+    for o in run.outputs:
         o.stats.completion_tokens = len(o.token_ids)
-    return BatchResult(outputs, rounds, prefill_s, draft_prefill_s)
+    return BatchResult(run.outputs, rounds, prefill_s, draft_prefill_s)
+
+
+def _first_tokens(run: _Run, prompts: list[list[int]], start: float):
+    """Prefill the target and decide each row's first token (emitted, with its ttft), then prefill
+    the draft: (target state, pending tokens [B], done per row, prefill seconds, draft's)."""
+    state, first, feats = _prefill(run.model, prompts, run.config, run.randoms, run.features, run.layers, run.device)
+    run.synchronize()
+    prefill_s = time.perf_counter() - start
+    first_list = first.tolist()
+    done = [_emit(run.outputs[r], [t], run.eos, run.row_max[r], run.stop_check) for r, t in enumerate(first_list)]
+    now = time.perf_counter() - start
+    for o in run.outputs:
+        o.stats.ttft_s = now
+    t_draft = time.perf_counter()
+    if run.proposer is not None:
+        extra = {"features": feats} if run.features else {}
+        run.proposer.prefill(prompts, first_list, run.device, **extra)
+        run.synchronize()
+    return state, first, done, prefill_s, time.perf_counter() - t_draft
+
+
+def _round(run: _Run, active: list[int], state, pending):
+    """One round over the active rows: draft, one target pass that verifies, emit; returns
+    (target state, pending tokens, done per active row, the round's timing)."""
+    proposer, params = run.proposer, run.config.sampling
+    emitted_so_far = [len(run.outputs[r].token_ids) for r in active]
+    # 3. Draft: up to k tokens per row, never more than the row's remaining budget minus one
+    #    (the round always adds the target's own token after the accepted draft tokens).
+    k = run.draft_length.next_k() if (proposer is not None and run.draft_length is not None) else 0
+    k, lengths = _draft_lengths(k, [run.row_max[r] - e - 1 for r, e in zip(active, emitted_so_far)], state,
+                                run.window, run.device)
+    uniforms = None
+    if not params.greedy:
+        assert run.randoms is not None  # checked by generate
+        uniforms = gather_uniforms([run.randoms[r] for r in active], emitted_so_far, k + 1, run.device)  # [B, k+1, 3]
+    t0 = time.perf_counter()
+    proposed = k > 0
+    siblings = draft_tokens = draft_probs = None
+    if proposed:
+        k, lengths, draft_tokens, draft_probs, siblings = _draft(proposer, k, lengths, params, uniforms,
+                                                                 trees=params.greedy and run.window is None)
+    step_ids = pending[:, None] if draft_tokens is None or k == 0 else torch.cat([pending[:, None], draft_tokens], dim=1)  # [B, k+1]
+    run.synchronize()
+    t1 = time.perf_counter()
+    # 4. One target pass over pending + draft; verify. 5. Roll back rejected slots: keep pending
+    #    and the accepted draft tokens (invariant in cache.py).
+    if siblings is not None:  # a tree: the chain plus other candidates at each depth
+        n, next_token, draft_tokens, state, feats = _verify_tree(run.model, state, pending, draft_tokens, siblings,
+                                                                 lengths, run.layers)
+    else:
+        n, next_token, state, feats = _verify_chain(run.model, state, step_ids, draft_tokens, draft_probs, lengths,
+                                                    params, uniforms, run.features, run.layers)
+    run.synchronize()
+    t2 = time.perf_counter()
+    # 6. Emit n accepted draft tokens + the target's token per row, applying stop rules.
+    emitted, done, (round_proposed, round_accepted, round_rejections) = _emit_round(
+        [run.outputs[r] for r in active], [run.row_max[r] for r in active], n, next_token,
+        draft_tokens if k > 0 else None, lengths, run.eos, run.stop_check)
+    if proposer is not None:
+        extra = {"features": feats} if run.features else {}  # feats [B, k+1, H]
+        proposer.accept(n.tolist(), emitted, proposed=proposed, **extra)
+    timing = RoundTiming(len(active), k, t1 - t0, t2 - t1, round_proposed, round_accepted, round_rejections)
+    if run.draft_length is not None and proposed:
+        run.draft_length.observe(timing)
+    return state, next_token, done, timing
 
 
 def _drop_finished(active: list[int], done: list[bool], state, pending, proposer):

@@ -116,6 +116,7 @@ class InterleavedSteps:
         self._decoded = False
         self._in_phase = 0  # steps at the current k since it was set
         self._rows = 0  # rows of the last step
+        self._fill_rows = 0  # rows of the last step of the fill
 
     def next_k(self) -> int:
         if self.settled:
@@ -137,6 +138,7 @@ class InterleavedSteps:
         self._rows = rows
         if prefill:
             if not self._decoded:
+                self._fill_rows = rows
                 self.prefill_s += seconds
                 self.draft_prefill_s += draft_s
                 self.fill_decode[k] = self.fill_decode.get(k, 0) + decode_tokens
@@ -197,7 +199,7 @@ class InterleavedSteps:
         step of its own. All of it where an arm has no line or the estimate would leave nothing."""
         spec, plain = self.lines()
         per_step = self.tokens_per_step()
-        rows = self._rows or 1
+        rows = self._fill_rows or self._rows or 1  # the decoding in the fill ran beside its last rows
         seconds_per_token = {}
         if spec is not None and per_step:
             seconds_per_token[self.k_spec] = spec.at(rows) / (rows * per_step)

@@ -126,10 +126,13 @@ class ActorPolicy:
         return d, InterleavedSteps(k, dense=True, guard=False)
 
     def decide_own(self, shard: ShardProgress, alpha: float | None, rows: int, tokens_per_step: float | None,
-                   concurrency: int) -> Decision:
-        """A shard's decision for the rest of its rows from its own acceptance (its look rows') and
-        the step costs at this concurrency; recorded in the shard. Without costs (no clean steps of
-        both arms yet, nothing remembered), the call measures: MEASURING."""
+                   concurrency: int, new_tokens: float | None = None) -> Decision:
+        """A shard's decision for the rest of its rows from its own look rows (their acceptance and,
+        when given, their mean completion length) and the step costs at this concurrency; recorded
+        in the shard. It turns on only if speculation pays at the slow end of the step ratio's 95%
+        interval, so a ratio measured on few steps does not turn a tie into "on"; the central
+        prediction is kept in numbers.predicted_own. Without costs (no clean steps of both arms
+        yet, nothing remembered), the call measures: MEASURING."""
         costs = self.costs_at(concurrency)
         self.policy.costs = costs
         if costs is None and self.policy.mode == "auto":
@@ -138,16 +141,33 @@ class ActorPolicy:
                          alpha=alpha, at_row=shard.done)
         else:
             ks = tuple(sorted(costs.verify_s)) if costs is not None else None
-            profile = LengthProfile(shard.pending_prompt_lengths(), _profile(shard).expected_new_tokens)
+            expected = new_tokens if new_tokens else _profile(shard).expected_new_tokens
+            profile = LengthProfile(shard.pending_prompt_lengths(), expected)
+            cautious = self._cautious(costs, concurrency)
+            self.policy.costs = cautious or costs
             d = self.policy.decide(profile, None, at_row=shard.done, alpha=alpha, ks=ks)
+            self.policy.costs = costs
             if costs is not None and alpha is not None and profile.prompt_tokens:
                 own = max(self.policy.predict(profile, alpha, k, costs) for k in ks or (self.policy.k_default,))
                 d.figures = dataclasses.replace(d.figures, predicted_own=round(own, 3))
+                if cautious is not None and d.predicted_speedup is not None:
+                    d.detail += f" at the slow end of the step ratio's 95% interval (central estimate {own:.2f}x)"
         d.figures = dataclasses.replace(d.figures, look_rows=rows or None, tokens_per_step=tokens_per_step,
                                         **self._cost_figures(concurrency))
         d = self.mark_remembered(d)
         shard.decisions.append(d)
         return d
+
+    def _cautious(self, costs: Costs | None, concurrency: int) -> Costs | None:
+        """The costs with a step at k at the upper end of the step ratio's 95% interval (None
+        without step lines)."""
+        spec, plain = self.lines()
+        if costs is None or spec is None or plain is None:
+            return None
+        _, _, high = ratio_interval(spec, plain, concurrency)
+        k = self.policy.k_default
+        return Costs.from_steps(costs.batch_size, {0: costs.target_step_s, k: costs.target_step_s * high},
+                                costs.prefill_token_s, costs.draft_prefill_token_s)
 
     @staticmethod
     def own_acceptance(rows: Sequence[tuple[int, int]], k: int) -> tuple[float | None, float | None]:

@@ -140,7 +140,8 @@ class ShardRunner:
         for w in works:
             try:
                 out[w.shard.shard] = commit_shard(w, self.store, self.engine, self.job_id, self.worker,
-                                                  self.backend_note, self.policy.costs, self._saving(w))
+                                                  self.backend_note, self.policy.costs,
+                                                  measured_saving(self.planner, w) if self.learns_costs else None)
             except Exception as e:
                 out[w.shard.shard] = fail_shard(self.store, self.job_id, self.worker, w.shard, e)
         if self.memory is not None and works:
@@ -148,18 +149,6 @@ class ShardRunner:
             self.memory.save(plan.costs_by_batch, p.prior, p.new_tokens_seen, self.job_id)
             plan.remembered = None  # from here on the decisions rest on this run's own measurements too
         return [out[s.shard] for s in shards]
-
-    def _saving(self, work: ShardWork) -> dict | None:
-        """What speculation saved on the shard's rows, measured in this run (ActorPolicy.saving);
-        None where there is nothing to measure it with (hf: the report estimates it from costs)."""
-        if not self.learns_costs:
-            return None
-        rows = [(o.stats.accepted_tokens, o.stats.spec_rounds, o.stats.prompt_tokens, concurrency)
-                for o, _, concurrency in work.results.values() if o.stats.spec_rounds]
-        if not rows:
-            return {"seconds": 0.0, "low": 0.0, "high": 0.0, "rows": 0, "steps": 0, "basis": "no row speculated"}
-        saving = self.planner.saving(rows)
-        return saving.to_json() if saving else None
 
     def _open(self, shard: Shard, previous: dict | None = None) -> ShardWork | dict:
         """Read, validate and tokenize a shard (previous: its manifest, read here when not given);
@@ -224,7 +213,7 @@ class ShardRunner:
                 self.faults.reached(w.shard.shard, 0)
         works = [w for w in works if w.valid]
         spent = {id(w): 0.0 for w in works}
-        looked: dict[int, tuple[float | None, float | None, int]] = {}
+        looked: dict[int, tuple[float | None, float | None, int, float | None]] = {}
         if works and self.learns_costs:
             looked = self._look(works, spent)
         groups: dict[tuple[bool, int], list[ShardWork]] = {}
@@ -235,8 +224,8 @@ class ShardRunner:
             if self.learns_costs:
                 assert w.profile is not None  # profiled when opened
                 w.profile.expected_new_tokens = self.expected_new(w)
-                alpha, per_step, rows = looked.get(id(w), (None, None, 0))
-                d = self.planner.decide_own(w, alpha, rows, per_step, self.concurrency(rows_left))
+                alpha, per_step, rows, new_tokens = looked.get(id(w), (None, None, 0, None))
+                d = self.planner.decide_own(w, alpha, rows, per_step, self.concurrency(rows_left), new_tokens)
                 log_event(log, f"policy: {d.reason}", job=self.job_id, shard=w.shard.shard, at_row=w.done)
             else:
                 d = self._decide(w)
@@ -250,10 +239,11 @@ class ShardRunner:
             if self.faults:
                 self.faults.reached(w.shard.shard, w.done)
 
-    def _look(self, works: list[ShardWork], spent: dict[int, float]) -> dict[int, tuple[float | None, float | None, int]]:
+    def _look(self, works: list[ShardWork], spent: dict[int, float]
+              ) -> dict[int, tuple[float | None, float | None, int, float | None]]:
         """Run each shard's look rows (evenly spread over its rows) in one call at the call's
         concurrency, interleaved across shards, so that no shard's acceptance is another's; returns
-        each shard's (own acceptance, tokens per verify step, rows) from them."""
+        each shard's (own acceptance, tokens per verify step, rows, mean completion tokens) from them."""
         c = self.concurrency(sum(len(w.valid) for w in works))
         sizes = self.planner.look_sizes([len(w.valid) for w in works], c)
         for w, n in zip(works, sizes):
@@ -271,30 +261,19 @@ class ShardRunner:
         for w, n in zip(works, sizes):
             stats = [w.results[r.row_index][0].stats for r in w.valid[:n] if r.row_index in w.results]
             alpha, per_step = self.planner.own_acceptance([(s.accepted_tokens, s.spec_rounds) for s in stats], k)
-            out[id(w)] = (alpha, per_step, len(stats))
+            new_tokens = sum(s.completion_tokens for s in stats) / len(stats) if stats else None
+            out[id(w)] = (alpha, per_step, len(stats), new_tokens)
         return out
 
     def _timed(self, batch: list[tuple[ShardWork, RowInput]], decision: Decision, rule, spent: dict[int, float]) -> None:
         """One call (_run_block), its measured time split among the shards it ran rows of by what
-        each row's own steps and prompt cost (ActorPolicy.row_cost: its verify and plain steps and
-        its prompt, priced with the step lines at the call's concurrency), so a shard's time is its
-        rows', not a share of the call by tokens; by completion tokens where there are no lines."""
+        their rows' own work cost (_row_shares), so a shard's time is its rows', not a share of the
+        call by tokens."""
         t0 = time.perf_counter()
         self._run_block(batch, decision, rule)
         seconds = time.perf_counter() - t0
-        concurrency = min(len(batch), self.concurrency(len(batch)))
-        weights: dict[int, float] = {}
-        for w, r in batch:
-            result = w.results.get(r.row_index)
-            if result is None:
-                continue
-            s = result[0].stats
-            cost = self.planner.row_cost(s.prompt_tokens, s.completion_tokens, s.accepted_tokens, s.spec_rounds,
-                                         concurrency, result[1].speculate or s.spec_rounds > 0)
-            weights[id(w)] = weights.get(id(w), 0.0) + (s.completion_tokens if cost is None else cost)
-        total, shards = sum(weights.values()), {id(w) for w, _ in batch}
-        for key in shards:
-            spent[key] += seconds * (weights.get(key, 0.0) / total if total else 1.0 / len(shards))
+        for key, share in _row_shares(self.planner, batch, min(len(batch), self.concurrency(len(batch)))).items():
+            spent[key] += seconds * share
 
     def _call(self, rows: list[RowInput], max_new: int, speculate: bool, draft_length):
         """engine.generate over rows with the job's sampling, stops and per-row seeds, each row capped
@@ -368,3 +347,31 @@ def _record(job_id: str, batch: list, decision: Decision) -> Decision:
         work.decisions.append(decision)
         log_event(log, f"policy: {decision.reason}", job=job_id, shard=work.shard.shard, at_row=work.done)
     return decision
+
+
+def _row_shares(planner: ActorPolicy, batch: list[tuple[ShardWork, RowInput]], concurrency: int) -> dict[int, float]:
+    """Each shard's share of a call: what its rows' own work cost (ActorPolicy.row_cost: verify
+    steps at k, plain steps and prompt, priced with the step lines at the call's concurrency), by
+    completion tokens where there are no lines, equal shares when nothing was generated."""
+    weights: dict[int, float] = {}
+    for w, r in batch:
+        result = w.results.get(r.row_index)
+        if result is None:
+            continue
+        s = result[0].stats
+        cost = planner.row_cost(s.prompt_tokens, s.completion_tokens, s.accepted_tokens, s.spec_rounds,
+                                concurrency, result[1].speculate or s.spec_rounds > 0)
+        weights[id(w)] = weights.get(id(w), 0.0) + (s.completion_tokens if cost is None else cost)
+    total, shards = sum(weights.values()), {id(w) for w, _ in batch}
+    return {key: weights.get(key, 0.0) / total if total else 1.0 / len(shards) for key in shards}
+
+
+def measured_saving(planner: ActorPolicy, work: ShardWork) -> dict | None:
+    """What speculation saved on the shard's rows, measured in this run (ActorPolicy.saving; vllm);
+    None where there is nothing to measure it with."""
+    rows = [(o.stats.accepted_tokens, o.stats.spec_rounds, o.stats.prompt_tokens, concurrency)
+            for o, _, concurrency in work.results.values() if o.stats.spec_rounds]
+    if not rows:
+        return {"seconds": 0.0, "low": 0.0, "high": 0.0, "rows": 0, "steps": 0, "basis": "no row speculated"}
+    saving = planner.saving(rows)
+    return saving.to_json() if saving else None
