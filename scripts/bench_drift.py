@@ -20,16 +20,8 @@ and then back on the legal contracts (the data the draft follows), interleaved t
     legal plain    speculation.mode=off on the legal contracts
     legal on       speculation.mode=on: what speculating throughout gives there
 
-With --in-process, instead: what checking a remembered "off" (docs/policy.md) costs and gives,
-in one process on one vLLM engine, so that Ray and process placement do not add their spread.
-Each configuration is a new actor's ShardRunner on the demo job's four shards (one call), with
-the policy memory a first measuring run on the legal contracts left, its acceptance then set to
-0.35 (what a random-token night leaves) with the check due or not:
-
-    legal|noise plain      speculation.mode=off
-    legal on               speculation.mode=on
-    legal|noise off        off from the remembered 0.35, check not due (what every run did before)
-    legal|noise checking   the check: speculates until the call's own steps say
+Since the per-shard policy (issue 39) a remembered acceptance decides nothing on vllm: each run's
+look measures every shard's own, so this measures what a run on changed data pays for its look.
 
 vllm backend, 2 CPU threads as vLLM binds them. Reported: the shards' generation seconds (medians),
 each configuration's decisions, and whether every run's rows equal the plain run's.
@@ -66,72 +58,12 @@ def write_noise(dest: Path, shards: int = 4, rows: int = 24, tokens: int = 60) -
         pq.write_table(pa.Table.from_pylist(table), dest / f"noise-{s:04d}.parquet")
 
 
-def in_process(tmp: Path, repeats: int) -> None:
-    """--in-process (module docstring)."""
-    import json
-    import os
-
-    os.environ["BATCHSPEC_POLICY_MEMORY"] = str(tmp / "memory")
-    from batchspec.engine.backend import load_backend
-    from batchspec.runner.plan import plan_shards
-    from batchspec.runner.worker import ShardRunner
-    from batchspec.spec import load_spec
-
-    write_noise(tmp / "noise")
-    data = {"legal": str(ROOT / "jobs/data/legal"), "noise": str(tmp / "noise")}
-    base = load_spec(ROOT / "jobs/summarize_legal.yaml", ["model.backend=vllm"])
-    engine = load_backend("vllm", base.model, k_default=base.speculation.num_speculative_tokens)
-    runs = 0
-
-    def run(name: str, mode: str = "auto", acceptance: float | None = None, due: bool = True):
-        nonlocal runs
-        runs += 1
-        what, _, _ = name.partition(" ")
-        spec = load_spec(ROOT / "jobs/summarize_legal.yaml", [
-            "model.backend=vllm", f"input.path={data[what]}", f"output.path={tmp / f'out-{runs}'}",
-            f"speculation.mode={mode}"])
-        if acceptance is not None:  # the job's memory as a random-token night leaves it
-            job_file = next((tmp / "memory").glob("job-*.json"))
-            saved = json.loads(job_file.read_text())
-            saved["acceptance"] = {"accepted": 64 * acceptance, "trials": 64.0}
-            job_file.write_text(json.dumps(saved))
-        runner = ShardRunner(spec, f"{name.replace(' ', '-')}-{runs}", engine=engine)
-        manifests = runner.run_many(plan_shards(spec.input.path))
-        assert all(m["status"] == "done" for m in manifests), manifests
-        rows = {r["id"]: r["completion"] for m in manifests for r in runner.store.read_part(m["shard"]).to_pylist()}
-        return sum(m["timings"]["generate_s"] for m in manifests), rows, [d["reason"] for d in manifests[0]["decisions"]]
-
-    run("legal first")  # the memory every configuration starts from: costs and acceptance on the legal data
-    configs = {"legal plain": ("off", None), "legal on": ("on", None), "legal off": ("auto", 0.35, False),
-               "legal checking": ("auto", 0.35, True), "noise plain": ("off", None), "noise off": ("auto", 0.35, False),
-               "noise checking": ("auto", 0.35, True)}
-    results: dict[str, list] = {name: [] for name in configs}
-    for rep in range(repeats):
-        for name, args in configs.items():
-            results[name].append(run(name, *args))
-        print(f"rep {rep}: " + "  ".join(f"{n} {results[n][-1][0]:.3f}" for n in configs), flush=True)
-    print(f"\nin one process, one vLLM engine; generation seconds, medians of {repeats}")
-    for name in configs:
-        times = [t for t, _, _ in results[name]]
-        plain = results[f"{name.partition(' ')[0]} plain"]
-        ratio = statistics.median(times) / statistics.median(t for t, _, _ in plain)
-        same = sum(rows == plain[0][1] for _, rows, _ in results[name])
-        print(f"  {name:<15} {statistics.median(times):.3f} s = {ratio:.2f}x plain  ({', '.join(f'{t:.3f}' for t in times)})"
-              f"  rows equal to plain: {same}/{repeats}")
-        print(f"      {' | '.join(results[name][0][2])}")
-
-
 def main() -> None:
     from bench_vllm import batchspec
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--in-process", action="store_true", help="instead: the check of a remembered off, in one process")
     args = ap.parse_args()
-    if args.in_process:
-        with tempfile.TemporaryDirectory() as t:
-            in_process(Path(t), args.repeats)
-        return
     job = ROOT / "jobs/summarize_legal.yaml"
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)

@@ -242,3 +242,10 @@ def test_acceptance_for_inverts_expected_tokens():
     assert acceptance_for(9.0, 4) == pytest.approx(1.0, abs=1e-6)
 
 
+
+
+def test_a_step_ratio_interval_from_a_line_extrapolated_to_nothing_is_wide_not_an_error():
+    spec = StepLine.fit([(200, 0.05), (100, 0.01), (150, 0.04)])  # extrapolated to 1 row: below zero
+    plain = StepLine.fit([(200, 0.02), (100, 0.01), (150, 0.015)])
+    r, low, high = ratio_interval(spec, plain, 1)
+    assert low <= r <= high and high / low > 1e6

@@ -741,8 +741,10 @@ def test_a_call_whose_paired_steps_show_speculation_slower_turns_plain_mid_call(
     for b in (32, 64, 128, 256):
         runner.planner.costs_by_batch[b] = Costs.from_steps(b, {0: 0.010, 4: 0.0101}, 1e-9)
     monkeypatch.setattr(runner.planner, "lines", lambda: (None, None))  # the costs given decide
-    # Blocks every 3 steps, so that a call this short has clean steps enough to be judged.
+    # Blocks every 3 steps, so that a call this short has clean steps enough to be judged; a look of
+    # 32 rows, so that the call after it has 268.
     monkeypatch.setattr(runner.planner, "call_rule", lambda k, c: InterleavedSteps(k, dense=True, guard_points=3))
+    monkeypatch.setattr(runner.planner, "look_sizes", lambda pending, c: [32])
     (m,) = runner.run_many(plan_shards(spec.input.path))
     kinds = [d["kind"] for d in m["decisions"]]
     assert kinds[:2] == ["look", "on"] and kinds[-1] == "stopped", kinds

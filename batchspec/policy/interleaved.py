@@ -81,7 +81,9 @@ def ratio_interval(spec: StepLine, plain: StepLine, rows: float) -> tuple[float,
     interval from both lines' standard errors (delta method on the log of the ratio)."""
     ts, tp = spec.at(rows), plain.at(rows)
     rel = math.sqrt((spec.se(rows) / ts) ** 2 + (plain.se(rows) / tp) ** 2)
-    half = t95(max(1, min(spec.df, plain.df))) * rel
+    # Capped: a line extrapolated far below its steps can make the relative error enormous, and an
+    # interval 20,000x wide says "unknown" as well as an infinite one.
+    half = min(t95(max(1, min(spec.df, plain.df))) * rel, 10.0)
     r = ts / tp
     return r, r * math.exp(-half), r * math.exp(half)
 

@@ -154,6 +154,7 @@ class ActorPolicy:
                     d.detail += f" at the slow end of the step ratio's 95% interval (central estimate {own:.2f}x)"
         d.figures = dataclasses.replace(d.figures, look_rows=rows or None, tokens_per_step=tokens_per_step,
                                         **self._cost_figures(concurrency))
+        d.alpha = alpha if d.alpha is None else d.alpha  # measured on its rows, whatever the kind
         d = self.mark_remembered(d)
         shard.decisions.append(d)
         return d
