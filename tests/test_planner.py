@@ -109,7 +109,7 @@ def test_each_shard_is_decided_from_its_own_rows_and_the_paired_step_costs():
     on = plan.decide_own(good, alpha_good, 8, per_step_good, 8)
     off = plan.decide_own(bad, alpha_bad, 8, per_step_bad, 8)
     assert on.kind is DecisionKind.ON and on.speculate and off.kind is DecisionKind.OFF and not off.speculate
-    assert on.figures.tokens_per_step == 3.5 and on.figures.look_rows == 8 and on.figures.pairs >= 8
+    assert on.figures.tokens_per_step == 3.5 and on.figures.look_rows == 8 and on.figures.clean_steps >= 8
     assert on.figures.step_ratio == pytest.approx(3.0) and good.decisions == [on] and bad.decisions == [off]
     assert on.alpha == pytest.approx(alpha_good) and expected_tokens(alpha_good, 4) == pytest.approx(3.5)
     assert on.figures.predicted_own == pytest.approx(on.predicted_speedup, abs=1e-3)  # at its own acceptance
@@ -125,7 +125,7 @@ def test_without_step_costs_a_shard_is_measured_in_its_call():
     assert isinstance(rule, InterleavedSteps) and rule.dense and rule.guard  # dense blocks, stops if slower
 
 
-def test_a_call_whose_pairs_show_speculation_slower_is_recorded_as_stopped():
+def test_a_call_whose_steps_show_speculation_slower_is_recorded_as_stopped():
     plan = planner(measure_in_call=True)
     plan.costs_by_batch[8] = costs()
     shard = Shard([20] * 8)
@@ -154,7 +154,7 @@ def test_figures_are_typed_and_the_manifest_keeps_its_numbers():
     assert d.figures.k == d.k and d.figures.batch_size == 8 and d.figures.rows == 8
     numbers = d.to_json()["numbers"]
     assert set(numbers) == {"c", "v_k", "batch_size", "rows", "prompt_p50", "prompt_p90", "expected_new_tokens", "k"}
-    assert numbers["prompt_p50"] == 35.0 and "pairs" not in numbers  # absent figures are not written
+    assert numbers["prompt_p50"] == 35.0 and "clean_steps" not in numbers  # absent figures are not written
 
 
 def test_a_rows_own_cost_is_priced_from_its_steps_and_prompt():

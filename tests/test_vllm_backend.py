@@ -604,7 +604,7 @@ def test_auto_policy_on_vllm_looks_at_each_shards_rows_then_decides_each_shard(v
                                                                                hf_reference, monkeypatch):
     """In process, auto: the call's first rows are a look, 16 of each shard's 24 (an equal share
     of the concurrency, 32), interleaved, at k=4 with plain blocks paired between its steps; each
-    shard is then decided from its own look rows' acceptance and the step costs the pairs gave,
+    shard is then decided from its own look rows' acceptance and the step costs its steps gave,
     and the rest of its rows run under that decision. No calibration. Which way a shard goes
     depends on this machine's timing; the test checks that each decision cites the shard's own
     figures and that every row equals the hf reference, and says it was speculated for exactly
@@ -627,7 +627,7 @@ def test_auto_policy_on_vllm_looks_at_each_shards_rows_then_decides_each_shard(v
         assert own["kind"] in ("on", "off", "measuring", "cannot_pay") and own["numbers"]["look_rows"] == 16
         assert own["numbers"]["tokens_per_step"] > 1 and own["alpha"] is not None
         if own["kind"] != "measuring":
-            assert own["numbers"]["pairs"] >= 1 and own["numbers"]["step_ratio"] > 0
+            assert own["numbers"]["clean_steps"] >= 2 and own["numbers"]["step_ratio"] > 0
         assert m["timings"]["calibrate_s"] == 0
     rows = _rows(runner, manifests)
     assert [r["completion"] for r in rows] == hf_reference[1]
@@ -646,7 +646,7 @@ def test_auto_policy_on_vllm_looks_at_each_shards_rows_then_decides_each_shard(v
 
 def test_a_second_run_on_vllm_starts_from_remembered_costs_but_not_a_remembered_acceptance(
         vllm_backend, tmp_path, hf_reference, monkeypatch):
-    """Policy memory (runner/memory.py) on vllm: a first run saves the step costs its pairs measured;
+    """Policy memory (runner/memory.py) on vllm: a first run saves the step costs its steps measured;
     a new actor of the next run (the same engine here, to save a start) starts from them and says
     where they came from. The acceptance it remembers (here set to 0.31, another dataset under the
     job's name) decides nothing: each shard's own look rows do."""
@@ -761,7 +761,7 @@ def test_a_call_whose_paired_steps_show_speculation_slower_turns_plain_mid_call(
 
 def test_a_call_of_more_rows_than_vllm_runs_at_once_looks_at_as_many_as_it_runs(vllm_backend, tmp_path, monkeypatch):
     """544 rows where vLLM runs 256 at once: the look is 128 of each shard's 272 rows, all admitted
-    at once, so its pairs are timed over a full batch; the other 288 follow in one call per
+    at once, so its steps are timed from a full batch down; the other 288 follow in one call per
     decision. Rows are those of plain decoding."""
     from batchspec.demo.setup import write_shards
     from batchspec.runner.plan import plan_shards

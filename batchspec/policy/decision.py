@@ -23,7 +23,7 @@ class DecisionKind(StrEnum):
     ON = "on"  # on: the cost model predicts a speedup past the threshold
     REPROBE = "reprobe"  # on: off for a while; looks at acceptance again (hf)
     OFF = "off"  # off: the cost model predicts no speedup past the threshold
-    STOPPED = "stopped"  # off for the rest of a call whose paired steps show speculation slower (vllm)
+    STOPPED = "stopped"  # off for the rest of a call whose own steps show speculation slower (vllm)
 
 
 # How each kind's sentence starts; the rest is the decision's detail.
@@ -49,11 +49,11 @@ class Figures:
     prompt_p90: float | None = None
     expected_new_tokens: float | None = None
     k: int | None = None  # the best k at the acceptance known (also when off); a call's: the k it measured
-    # What the shard's own rows and the paired steps measured (vllm).
+    # What the shard's own rows and the interleaved steps measured (vllm).
     look_rows: int | None = None  # rows of the shard whose verify steps gave its acceptance
     tokens_per_step: float | None = None  # tokens a row emitted per verify step, over those rows
-    pairs: int | None = None  # paired plain/speculative blocks behind the step costs
-    step_ratio: float | None = None  # a step at k over a plain step, at this concurrency (mean of the pairs)
+    clean_steps: int | None = None  # clean steps behind the step lines, of the arm with fewer
+    step_ratio: float | None = None  # a step at k over a plain step, at this concurrency (from the step lines)
     step_ratio_interval: tuple[float, float] | None = None  # its 95% interval
     predicted_own: float | None = None  # predicted speedup at the shard's own acceptance, whatever the kind
     speedup_interval: tuple[float, float] | None = None  # measured tokens/s ratio, 95% interval (stopped)

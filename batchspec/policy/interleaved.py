@@ -163,9 +163,6 @@ class InterleavedSteps:
         if interval is not None and interval[2] < 1.0:
             self.stopped, self.settled, self.k = interval, True, 0
 
-    def finish(self) -> None:
-        """The call has ended."""
-
     # -- what the steps say -------------------------------------------------------------------------
     def lines(self) -> tuple[StepLine | None, StepLine | None]:
         """(speculative, plain) step lines fitted on this call's clean steps."""

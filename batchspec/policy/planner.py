@@ -1,5 +1,5 @@
 """What an actor decides with, between and inside its calls: the policy and its acceptance prior,
-the costs it measured per concurrency (with the paired steps behind them), what an earlier run on
+the costs it measured per concurrency (with the clean steps behind them), what an earlier run on
 this node measured; and the rules for a call: each shard's next decision (hf), the look that
 measures each shard's own acceptance and each shard's own decision from it (vllm), the
 draft-length rule a call runs under, what a call teaches.
@@ -206,7 +206,7 @@ class ActorPolicy:
         if spec is None or plain is None:
             return {}
         r, low, high = ratio_interval(spec, plain, concurrency)
-        return {"pairs": min(spec.points, plain.points), "step_ratio": round(r, 3),
+        return {"clean_steps": min(spec.points, plain.points), "step_ratio": round(r, 3),
                 "step_ratio_interval": (round(low, 3), round(high, 3))}
 
     def call_rule(self, k: int, concurrency: int) -> InterleavedSteps:
@@ -236,7 +236,6 @@ class ActorPolicy:
         prompts cost, and the costs they give at this concurrency for the next decisions (and the
         next run's memory); returns the decision the call's rows ran under: `decision`, or STOPPED
         when its steps turned it plain (recorded by the runner)."""
-        rule.finish()
         for k, points in rule.points.items():
             kept = self.points.setdefault(k, [])
             kept.extend(points)
@@ -256,7 +255,7 @@ class ActorPolicy:
                         f"{rule._rows} rows (95% interval {low:.2f}-{high:.2f}x, over {len(rule.points[0])} plain "
                         f"and {len(rule.points[rule.k_spec])} speculative steps)", round(mean, 3), decision.alpha,
                         decision.at_row, Figures(rows=len(prompt_lengths), k=rule.k_spec,
-                                                 pairs=min(len(p) for p in rule.points.values()),
+                                                 clean_steps=min(len(p) for p in rule.points.values()),
                                                  speedup_interval=(round(low, 3), round(high, 3))))
 
     # -- what speculation saved ---------------------------------------------------------------
