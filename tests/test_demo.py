@@ -45,3 +45,14 @@ def test_committed_pair_summarizes_held_out_contracts():
     assert sum(exact) >= 7, [(o.text, e["summary"]) for o, e, ok in zip(spec, ex, exact) if not ok]
     acc = sum(o.stats.accepted_tokens for o in spec) / sum(o.stats.draft_tokens for o in spec)
     assert acc > 0.5  # the trained draft agrees with the target most of the time
+
+
+def test_setting_the_demo_up_again_leaves_its_shards_alone(tmp_path):
+    """`make demo` runs the setup before every submit; a shard rewritten with the same rows got a
+    new mtime, and the second `make demo` refused to run with "input changed"."""
+    from batchspec.demo.setup import write_shards
+
+    paths = write_shards(tmp_path, shards=2, rows=4)
+    stamps = [p.stat().st_mtime_ns for p in paths]
+    assert write_shards(tmp_path, shards=2, rows=4) == paths
+    assert [p.stat().st_mtime_ns for p in paths] == stamps
