@@ -675,6 +675,17 @@ def test_a_second_run_on_vllm_starts_from_remembered_costs_but_not_a_remembered_
     assert [r["completion"] for r in _rows(second, manifests)] == hf_reference[1]
 
 
+def _plain_texts(backend, runner, spec, max_new: int) -> list[str]:
+    """Plain greedy completions of the job's rows, shard by shard in row order: what every row of a
+    run must equal, whatever ran speculatively."""
+    from batchspec.runner.plan import plan_shards
+
+    ids = [r.token_ids for s in plan_shards(spec.input.path)
+           for r in sorted(runner._open(s).valid, key=lambda r: r.row_index)]
+    plain, _ = backend.generate(ids, max_new, stop=("\n",), speculate=False)
+    return [o.text for o in plain]
+
+
 def _noise_input(tmp_path, tok, rows=48):
     """Prompts of random tokens, which the demo draft cannot follow (per-token acceptance ~0.3)."""
     import random
@@ -719,13 +730,10 @@ def test_shards_whose_own_acceptance_differs_run_under_their_own_decisions(vllm_
     rows = _rows(runner, [legal, noise])
     assert sum(r["spec_enabled"] for r in rows[24:]) == 16  # the noise shard: its look rows only
     monkeypatch.undo()
-    ids = [r.token_ids for s in plan_shards(spec.input.path)
-           for r in sorted(runner._open(s).valid, key=lambda r: r.row_index)]
-    plain, _ = vllm_backend.generate(ids, 48, stop=("\n",), speculate=False)
-    assert [r["completion"] for r in rows] == [o.text for o in plain]
+    assert [r["completion"] for r in rows] == _plain_texts(vllm_backend, runner, spec, 48)
 
 
-def test_a_call_whose_paired_steps_show_speculation_slower_turns_plain_mid_call(vllm_backend, tmp_path, monkeypatch):
+def test_a_call_whose_own_steps_show_speculation_slower_turns_plain_mid_call(vllm_backend, tmp_path, monkeypatch):
     """A shard decided "on" (the costs given say a k=4 step costs as much as a plain one, so any
     acceptance pays) on rows the draft cannot follow: the call's own interleaved steps show its speculative
     steps slower than plain ones, and the rest of the call runs plain, skipping the draft. The
@@ -753,10 +761,8 @@ def test_a_call_whose_paired_steps_show_speculation_slower_turns_plain_mid_call(
     low, high = stopped["numbers"]["speedup_interval"]
     assert high < 1.0 and not stopped["speculate"]
     rows = sorted(runner.store.read_part(m["shard"]).to_pylist(), key=lambda r: r["row_index"])
-    ids = [r.token_ids for r in sorted(runner._open(plan_shards(spec.input.path)[0]).valid, key=lambda r: r.row_index)]
     monkeypatch.undo()
-    plain, _ = vllm_backend.generate(ids, 64, stop=("\n",), speculate=False)
-    assert [r["completion"] for r in rows] == [o.text for o in plain]
+    assert [r["completion"] for r in rows] == _plain_texts(vllm_backend, runner, spec, 64)
 
 
 def test_a_call_of_more_rows_than_vllm_runs_at_once_looks_at_as_many_as_it_runs(vllm_backend, tmp_path, monkeypatch):
@@ -780,14 +786,11 @@ def test_a_call_of_more_rows_than_vllm_runs_at_once_looks_at_as_many_as_it_runs(
     assert 256 in runner.planner.costs_by_batch and len(runner.planner.points[0]) >= 2
     rows = _rows(runner, manifests)
     monkeypatch.undo()
-    ids = [r.token_ids for s in plan_shards(spec.input.path)
-           for r in sorted(runner._open(s).valid, key=lambda r: r.row_index)]
-    plain, _ = vllm_backend.generate(ids, 48, stop=("\n",), speculate=False)
-    assert [r["completion"] for r in rows] == [o.text for o in plain]
+    assert [r["completion"] for r in rows] == _plain_texts(vllm_backend, runner, spec, 48)
 
 
 def test_vllm_switches_k_between_engine_steps_without_changing_a_token(vllm_backend, demo_prompt_ids, hf_reference):
-    """A step rule (the duck type of policy.StepArms) sets k before every engine step of one call:
+    """A step rule (the duck type of policy.InterleavedSteps) sets k before every engine step of one call:
     rows equal plain greedy decoding, each step is reported with the k it ran, the steps' tokens
     add up to the completions, and a clean plain step emits exactly one token per running row.
     The 96 prompts fill in more than one step, and in the later ones the rows admitted first

@@ -71,6 +71,7 @@ class ActorPolicy:
         # and what prompts cost per row and prompt position (target, draft), from calls' fills.
         self.points: dict[int, list[tuple[float, float]]] = {}
         self.prefill_row_token_s: tuple[float, float] | None = None
+        self._fitted: tuple[StepLine | None, StepLine | None] | None = None
         self.remembered: str | None = None  # "job ... at ...", while decisions rest on remembered numbers
 
     @property
@@ -181,9 +182,12 @@ class ActorPolicy:
         return acceptance_for(per_step, k), round(per_step, 3)
 
     def lines(self) -> tuple[StepLine | None, StepLine | None]:
-        """(speculative, plain) step lines over this run's clean steps (vllm)."""
-        k = self.policy.k_default
-        return StepLine.fit(self.points.get(k, [])), StepLine.fit(self.points.get(0, []))
+        """(speculative, plain) step lines over this run's clean steps (vllm). Fitted once per set
+        of steps: a call's rows are each priced with them (row_cost)."""
+        if self._fitted is None:  # refitted after learn() or start_from() changed the steps
+            k = self.policy.k_default
+            self._fitted = StepLine.fit(self.points.get(k, [])), StepLine.fit(self.points.get(0, []))
+        return self._fitted
 
     def costs_at(self, concurrency: int) -> Costs | None:
         """Step costs at this concurrency: from this run's step lines where both arms have them
@@ -240,6 +244,7 @@ class ActorPolicy:
             kept = self.points.setdefault(k, [])
             kept.extend(points)
             del kept[:-KEEP_POINTS]
+        self._fitted = None
         if rule.prefill_s > 0 and prompt_lengths:
             positions = sum(prompt_lengths) / len(prompt_lengths)
             rows = min(len(prompt_lengths), concurrency) or 1
