@@ -30,7 +30,11 @@ import csv
 import html
 import io
 import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 import polars as pl
 
@@ -44,102 +48,152 @@ def _quantiles(series: pl.Series, qs=(0.5, 0.95, 0.99)) -> dict[str, float | Non
     return {f"p{int(q * 100)}": (float(s.quantile(q, interpolation="linear")) if s.len() else None) for q in qs}
 
 
-def load(output: str, storage_options: dict | None = None) -> tuple[dict, dict[str, dict], pl.DataFrame, dict[str, dict]]:
-    """(job.json, committed manifests, rows of committed parts, failed-or-pending manifests)."""
+# The columns the report reads: a part's completions, ids and hashes are never loaded.
+COLUMNS = ("finish_reason", "prompt_tokens", "completion_tokens", "spec_enabled", "num_speculative_tokens",
+           "draft_tokens", "accepted_tokens", "spec_rounds", "acceptance_rate", "ttft_s", "latency_s", "batch_size")
+
+
+def load(output: str, storage_options: dict | None = None) -> tuple[OutputStore, dict, dict[str, dict], dict[str, dict]]:
+    """(store, job.json, committed manifests, failed-or-pending manifests): the manifests alone,
+    with every part looked up in one listing."""
     store = OutputStore(output, storage_options)
     job = store.read_job()
     if job is None:
         raise FileNotFoundError(f"no batchspec job at {output} (missing _batchspec/job.json)")
     manifests = store.manifests()
-    done = {s: m for s, m in manifests.items() if store.committed(s, m)}
-    other = {s: m for s, m in manifests.items() if s not in done}
-    tables = [pl.from_arrow(store.read_part(s, done[s])) for s in sorted(done)]
-    rows = pl.concat(tables, how="vertical") if tables else pl.DataFrame()
-    return job, done, rows, other
+    done = store.committed_manifests(manifests)
+    return store, job, done, {s: m for s, m in manifests.items() if s not in done}
 
 
-def _saving(rows: pl.DataFrame, manifests: dict[str, dict], spec_rows: int) -> dict:
-    """estimated_saving_s and saving_rows, the speculating rows it is estimated over. Only rows whose
-    shard manifest has the actor's measured costs can be estimated: on vllm a call whose rows
-    finished while it measured keeps none (docs/policy.md). 0.0 when nothing speculated; None when
-    rows speculated but none could be estimated: the saving is unknown then, not zero (a 600-row
-    vllm shard at acceptance 0.88 read "estimated saving 0.0s vs plain")."""
+@dataclass
+class _Scan:
+    """What one pass over the committed parts gathers: one row of sums per shard, and the per-row
+    values whose quantiles and histograms the report draws (ok rows' ttft and latency; speculating
+    rows' acceptance). Each part is read alone, its needed columns only, so memory holds the
+    sums and three float columns, not the table."""
+    shards: pl.DataFrame
+    ttft: pl.Series
+    latency: pl.Series
+    acceptance: pl.Series
+
+
+def _scan(store: OutputStore, manifests: dict[str, dict]) -> _Scan:
+    ok = pl.col("finish_reason") != "error"
+    spec = ok & pl.col("spec_enabled")
+    sums = [pl.len().alias("rows"), ok.sum().alias("ok_rows"), spec.sum().alias("spec_rows"),
+            *(pl.col(c).sum().alias(c) for c in ("completion_tokens", "prompt_tokens")),
+            *(pl.col(c).filter(spec).sum().alias(c) for c in ("accepted_tokens", "draft_tokens", "spec_rounds")),
+            pl.col("latency_s").filter(spec).sum().alias("spec_latency_s"),
+            pl.col("completion_tokens").filter(spec).sum().alias("spec_completion_tokens"),
+            pl.col("latency_s").filter(ok & ~pl.col("spec_enabled")).sum().alias("plain_latency_s"),
+            pl.col("completion_tokens").filter(ok & ~pl.col("spec_enabled")).sum().alias("plain_completion_tokens")]
+
+    def one(shard: str) -> tuple[pl.DataFrame, pl.DataFrame, pl.Series]:
+        m = manifests[shard]
+        part = pl.from_arrow(store.read_part(shard, m, columns=COLUMNS))
+        assert isinstance(part, pl.DataFrame)
+        row = part.select(sums).with_columns(shard=pl.lit(shard), **_estimate(part.filter(spec), m))
+        return row, part.filter(ok).select("ttft_s", "latency_s"), \
+            part.filter(spec & (pl.col("draft_tokens") > 0))["acceptance_rate"]
+
+    # A few parts at a time: on S3 each read is mostly waiting, and pyarrow decodes outside the GIL.
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        got = list(pool.map(one, sorted(manifests)))
+    if not got:
+        empty = pl.Series([], dtype=pl.Float64)
+        return _Scan(pl.DataFrame(), empty, empty, empty)
+    rows = pl.concat([g[1] for g in got], rechunk=False)
+    return _Scan(pl.concat([g[0] for g in got]), rows["ttft_s"], rows["latency_s"],
+                 pl.concat([g[2] for g in got], rechunk=False))
+
+
+def _estimate(spec: pl.DataFrame, manifest: dict) -> dict[str, pl.Expr]:
+    """The hf estimate of one shard's saving (estimated_saving_s below) as two literal columns:
+    its seconds, and the rows it is over. Only a shard whose manifest kept the actor's measured
+    costs, and no measured saving, is estimated; its speculating rows with a batch size count."""
+    costs = Costs.from_json(manifest["costs"]) if manifest.get("costs") and not manifest.get("saving") else None
+    if costs is None or not spec.height:
+        return {"estimated_s": pl.lit(0.0), "estimated_rows": pl.lit(0, pl.UInt32)}
+    rows = spec.filter(pl.col("batch_size") > 0).with_columns(k=pl.col("num_speculative_tokens").fill_null(1))
+    total = 0.0
+    for (k,), group in rows.group_by("k"):  # v(k) per k the shard ran
+        steps = (pl.col("accepted_tokens") - pl.col("draft_tokens") * costs.c
+                 - pl.col("spec_rounds") * (costs.v(int(k)) - 1)) * costs.target_step_s / pl.col("batch_size")
+        total += float(group.select(steps.sum()).item())  # a step serves batch_size rows at once
+    return {"estimated_s": pl.lit(total), "estimated_rows": pl.lit(rows.height, pl.UInt32)}
+
+
+def _saving(shards: pl.DataFrame, manifests: dict[str, dict], spec_rows: int) -> dict:
+    """measured_saving_s (the manifests'), estimated_saving_s and saving_rows, the speculating rows
+    the estimate is over. Only rows whose shard manifest has the actor's measured costs can be
+    estimated: on vllm a call whose rows finished while it measured keeps none (docs/policy.md).
+    0.0 when nothing speculated; None when rows speculated but none could be estimated: the
+    saving is unknown then, not zero (a 600-row vllm shard at acceptance 0.88 read "estimated
+    saving 0.0s vs plain")."""
     measured = [m["saving"] for m in manifests.values() if m.get("saving")]
     out = {"measured_saving_s": sum(x["seconds"] for x in measured) if measured else None,
            "saving_interval_s": [sum(x["low"] for x in measured), sum(x["high"] for x in measured)] if measured else None,
            "measured_rows": sum(x["rows"] for x in measured)}
     if not spec_rows:
         return {**out, "estimated_saving_s": 0.0, "saving_rows": 0}
-    total, counted = 0.0, 0
-    for shard, m in manifests.items():
-        if not m.get("costs") or m.get("saving"):
-            continue
-        costs = Costs.from_json(m["costs"])
-        spec = rows.filter((pl.col("shard") == shard) & pl.col("spec_enabled") & (pl.col("batch_size") > 0))
-        for r in spec.iter_rows(named=True):
-            k = r["num_speculative_tokens"] or 1
-            steps = r["accepted_tokens"] - r["draft_tokens"] * costs.c - r["spec_rounds"] * (costs.v(k) - 1)
-            total += steps * costs.target_step_s / r["batch_size"]  # a step serves batch_size rows at once
-            counted += 1
+    counted = int(shards["estimated_rows"].sum())
     estimated = spec_rows - out["measured_rows"]
+    total = float(shards["estimated_s"].sum())
     return {**out, "estimated_saving_s": total if counted else (0.0 if estimated <= 0 else None), "saving_rows": counted}
 
 
 def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd: float | None = None) -> dict[str, Any]:
-    job, manifests, rows, other = load(output, storage_options)
+    store, job, manifests, other = load(output, storage_options)
+    scan = _scan(store, manifests)
     price = gpu_hour_usd if gpu_hour_usd is not None else job.get("spec", {}).get("cost", {}).get("gpu_hour_usd", 0.0)
-    ok = rows.filter(pl.col("finish_reason") != "error") if rows.height else rows
-    spec = ok.filter(pl.col("spec_enabled")) if ok.height else ok
+    by_shard = {r["shard"]: r for r in scan.shards.iter_rows(named=True)} if scan.shards.height else {}
 
-    def total(frame: pl.DataFrame, col: str) -> int:
-        return int(frame[col].sum()) if frame.height else 0
+    def total(col: str) -> int:
+        return int(scan.shards[col].sum()) if scan.shards.height else 0
 
-    completion = total(rows, "completion_tokens")
+    rows, ok_rows, spec_rows, completion = total("rows"), total("ok_rows"), total("spec_rows"), total("completion_tokens")
     actor_s = sum(m.get("timings", {}).get("total_s", 0.0) for m in manifests.values())
     wall_s = sum(r.get("wall_s", 0.0) for r in job.get("runs", []) if "wall_s" in r)
     cost = actor_s / 3600 * price
     loads = [a["load_s"] for r in job.get("runs", []) for a in (r.get("startup") or {}).get("actors", [])]
-    accepted, drafted, rounds = total(spec, "accepted_tokens"), total(spec, "draft_tokens"), total(spec, "spec_rounds")
+    accepted, drafted, rounds = total("accepted_tokens"), total("draft_tokens"), total("spec_rounds")
     shards = []
     for s, m in manifests.items():
-        part = rows.filter(pl.col("shard") == s)
-        part_ok = part.filter(pl.col("finish_reason") != "error")
-        part_spec = part_ok.filter(pl.col("spec_enabled"))
-        toks = total(part, "completion_tokens")
+        f = by_shard[s]
+        toks = f["completion_tokens"]
         shard_s = m.get("timings", {}).get("total_s", 0.0)
-        d_acc, d_draft = total(part_spec, "accepted_tokens"), total(part_spec, "draft_tokens")
         shards.append({
-            "shard": s, "rows": part.height, "error_rows": part.height - part_ok.height, "completion_tokens": toks,
+            "shard": s, "rows": f["rows"], "error_rows": f["rows"] - f["ok_rows"], "completion_tokens": toks,
             "seconds": shard_s, "tokens_per_s": toks / shard_s if shard_s else None, "cost_usd": shard_s / 3600 * price,
-            "spec_rows": part_spec.height, "plain_rows": part_ok.height - part_spec.height,
-            "acceptance_rate": acceptance_rate(d_acc, d_draft),
+            "spec_rows": f["spec_rows"], "plain_rows": f["ok_rows"] - f["spec_rows"],
+            "acceptance_rate": acceptance_rate(f["accepted_tokens"], f["draft_tokens"]),
             "decisions": [d["reason"] for d in m.get("decisions", [])],
             "decision_rows": [d.get("at_row", 0) for d in m.get("decisions", [])], "attempts": m.get("attempts"),
         })
     # Slowest first among shards that generated; one that generated nothing (no rows, or only
     # error rows) is not slow, and goes last: an empty shard used to head the table at 0 tok/s.
     shards.sort(key=lambda r: (not r["completion_tokens"], r["tokens_per_s"] or 0.0))
-    per_row_acc = spec.filter(pl.col("draft_tokens") > 0)["acceptance_rate"] if spec.height else pl.Series([], dtype=pl.Float64)
     return {
         "name": job.get("name"), "output": output, "gpu_hour_usd": price,
         "shards_committed": len(manifests), "shards_not_committed": sorted(other),
-        "rows": rows.height, "error_rows": rows.height - ok.height,
-        "prompt_tokens": total(rows, "prompt_tokens"), "completion_tokens": completion,
+        "rows": rows, "error_rows": rows - ok_rows,
+        "prompt_tokens": total("prompt_tokens"), "completion_tokens": completion,
         "wall_s": wall_s, "actor_seconds": actor_s,
         "tokens_per_s": completion / wall_s if wall_s else None,
         "tokens_per_actor_s": completion / actor_s if actor_s else None,
         "cost_usd": cost, "usd_per_million_tokens": cost / completion * 1e6 if completion else None,
         "startup_loads": len(loads), "startup_actor_seconds": sum(loads), "startup_cost_usd": sum(loads) / 3600 * price,
-        "spec_rows": spec.height, "plain_rows": ok.height - spec.height,
+        "spec_rows": spec_rows, "plain_rows": ok_rows - spec_rows,
         "spec_shards": sum(1 for r in shards if r["spec_rows"]), "plain_shards": sum(1 for r in shards if not r["spec_rows"]),
         "acceptance_rate": acceptance_rate(accepted, drafted),
-        "acceptance_rate_quantiles": _quantiles(per_row_acc, (0.1, 0.5, 0.9)),
+        "acceptance_rate_quantiles": _quantiles(scan.acceptance, (0.1, 0.5, 0.9)),
         "mean_acceptance_length": mean_acceptance_length(accepted, rounds),
-        **_saving(rows, manifests, spec.height),
-        "ttft_s": _quantiles(ok["ttft_s"]) if ok.height else {}, "latency_s": _quantiles(ok["latency_s"]) if ok.height else {},
+        **_saving(scan.shards, manifests, spec_rows),
+        "ttft_s": _quantiles(scan.ttft) if ok_rows else {}, "latency_s": _quantiles(scan.latency) if ok_rows else {},
         "shards": shards,
-        "_acceptance_values": per_row_acc.to_list(), "_latency_values": ok["latency_s"].to_list() if ok.height else [],
-        "_spec_tokens_per_s": _rate(spec), "_plain_tokens_per_s": _rate(ok.filter(~pl.col("spec_enabled")) if ok.height else ok),
+        "_acceptance_values": scan.acceptance, "_latency_values": scan.latency,
+        "_spec_tokens_per_s": _rate(total("spec_completion_tokens"), scan.shards, "spec_latency_s", spec_rows),
+        "_plain_tokens_per_s": _rate(total("plain_completion_tokens"), scan.shards, "plain_latency_s", ok_rows - spec_rows),
     }
 
 
@@ -176,12 +230,12 @@ def _saving_text(r: dict) -> str:
     return f"estimated saving {r['estimated_saving_s']:.1f}s vs plain" + (f" ({coverage})" if coverage else "")
 
 
-def _rate(frame: pl.DataFrame) -> float | None:
+def _rate(tokens: int, shards: pl.DataFrame, latency_col: str, rows: int) -> float | None:
     """Per-row decode rate, completion tokens over latency, summed over rows (a throughput proxy)."""
-    if not frame.height:
+    if not rows:
         return None
-    lat = frame["latency_s"].sum()
-    return float(frame["completion_tokens"].sum() / lat) if lat else None
+    lat = float(shards[latency_col].sum())
+    return tokens / lat if lat else None
 
 
 def public(report: dict) -> dict:
@@ -253,15 +307,15 @@ def _bars(title: str, labels: list[str], values: list[float], unit: str = "") ->
     return f'<h3>{html.escape(title)}</h3><svg width="620" height="{h}" role="img">{"".join(bars)}</svg>'
 
 
-def _histogram(title: str, values: list[float], bins: int = 10, lo: float | None = None, hi: float | None = None) -> str:
-    if not values:
+def _histogram(title: str, values: pl.Series, bins: int = 10, lo: float | None = None, hi: float | None = None) -> str:
+    """Counts in `bins` equal bins from lo to hi (the values' range by default); the top bin holds hi."""
+    v = values.drop_nulls().to_numpy()
+    if not len(v):
         return f"<h3>{html.escape(title)}</h3><p>no data</p>"
-    lo = min(values) if lo is None else lo
-    hi = max(values) if hi is None else hi
+    lo = float(v.min()) if lo is None else lo
+    hi = float(v.max()) if hi is None else hi
     width = (hi - lo) / bins or 1.0
-    counts = [0] * bins
-    for v in values:
-        counts[min(int((v - lo) / width), bins - 1)] += 1
+    counts = np.bincount(np.clip(((v - lo) / width).astype(np.int64), 0, bins - 1), minlength=bins)
     labels = [f"{lo + i * width:.2f} – {lo + (i + 1) * width:.2f}" for i in range(bins)]
     return _bars(title, labels, [float(c) for c in counts], " rows")
 

@@ -101,6 +101,41 @@ def test_report_figures_on_s3(s3):
     check(build_report(f"{bucket}/out", opts))
 
 
+def test_report_and_status_read_stats_columns_and_list_parts_once(tmp_path, monkeypatch):
+    """Over millions of rows the report reads only the columns it adds up (never completions, ids
+    or prompt hashes), and neither it nor status asks for the parts one by one (a HEAD request per
+    shard on S3): one listing of data/ answers which parts exist. A part deleted after the run is
+    still seen as missing."""
+    import pyarrow.parquet as pq
+
+    from batchspec.runner.job import status
+
+    store = OutputStore(str(tmp_path / "out"))
+    write_fixture(store)
+    read: list = []
+    real_read = pq.ParquetFile.read
+    monkeypatch.setattr(pq.ParquetFile, "read", lambda self, columns=None, **kw: read.append(columns)
+                        or real_read(self, columns=columns, **kw))
+    monkeypatch.setattr(OutputStore, "part_info", lambda *a, **kw: pytest.fail("a part looked up one by one"))
+    check(build_report(str(tmp_path / "out")))
+    assert len(read) == 2 and all(cols and not {"completion", "id", "prompt_sha256", "error"} & set(cols) for cols in read)
+    assert status(str(tmp_path / "out"))["shards"] == {"done": 2, "failed": 1, "pending": 0, "total": 3}
+    (tmp_path / "out" / store.part_name("b")).unlink()
+    assert status(str(tmp_path / "out"))["shards"] == {"done": 1, "failed": 1, "pending": 1, "total": 3}
+    assert build_report(str(tmp_path / "out"))["shards_not_committed"] == ["b", "c"]
+
+
+def test_report_histograms_count_every_value(tmp_path):
+    """The HTML's histograms count in bins (numpy), not over a list of every row's value."""
+    import polars as pl
+
+    from batchspec.report import _histogram
+
+    page = _histogram("t", pl.Series([0.0, 0.05, 0.5, 1.0, None]), bins=10, lo=0.0, hi=1.0)
+    assert page.count(">2 rows<") == 1 and page.count(">1 rows<") == 2 and page.count(">0 rows<") == 7
+    assert "no data" in _histogram("t", pl.Series([], dtype=pl.Float64))
+
+
 def test_price_flag_overrides_the_spec(tmp_path):
     write_fixture(OutputStore(str(tmp_path / "out")))
     assert build_report(str(tmp_path / "out"), gpu_hour_usd=7.2)["cost_usd"] == pytest.approx(0.06)

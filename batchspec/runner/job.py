@@ -99,8 +99,9 @@ def prepare(spec: JobSpec, force: bool = False,
         job = store.read_job()
     except Exception as e:  # the probe wrote, but reading failed: permissions, a broken job.json
         raise JobRefused(f"cannot read the output {spec.output.path}: {error_line(e)}") from e
-    # One look at each part (a HEAD request per shard on S3), shared by the checks and the todo list.
-    committed = [s for s in shards if store.committed(s.shard, manifests.get(s.shard))]
+    # One listing of the parts (not a HEAD request per shard on S3), shared by the checks and the todo list.
+    done_manifests = store.committed_manifests(manifests)
+    committed = [s for s in shards if s.shard in done_manifests]
     if job and not force:
         # A changed spec is refused only where it would mix outputs: with no shard committed (e.g. every
         # shard failed to load the model), the fixed spec simply replaces the old one.
@@ -555,9 +556,10 @@ def _tally(plan: RunPlan, result: JobResult, reported: dict[str, str | None]) ->
     """Count what is done from the manifests, re-read: they are the truth, not what came back
     through Ray."""
     manifests = plan.store.manifests()
+    parts = plan.store.part_names(legacy=True)
     for s in plan.shards:
         m = manifests.get(s.shard)
-        if plan.store.shard_done(s, m):
+        if plan.store.shard_done(s, m, parts=parts):
             assert m is not None  # shard_done says it exists
             if s.shard not in result.skipped:
                 result.done.append(s.shard)
@@ -641,11 +643,12 @@ def status(output: str, storage_options: dict | None = None) -> dict:
     if job is None:
         raise FileNotFoundError(f"no batchspec job at {output} (missing _batchspec/job.json)")
     manifests = store.manifests()
+    committed = store.committed_manifests(manifests)
     rows = []
     for shard in job.get("shards", []):
         m = manifests.get(shard)
         state = "pending" if m is None else m.get("status", "pending")
-        if state == "done" and not store.committed(shard, m):
+        if state == "done" and shard not in committed:
             state = "pending"  # manifest without its part: not done
         rows.append({"shard": shard, "status": state, "rows": (m or {}).get("rows_out"),
                      "error_rows": (m or {}).get("error_rows", 0), "attempts": (m or {}).get("attempts", 0),

@@ -330,21 +330,46 @@ class OutputStore:
                 out[m["shard"]] = m
         return out
 
-    def committed(self, shard: str, manifest: dict | None) -> bool:
-        """The manifest says done, names this shard's part, and the part exists (readers trust this)."""
+    def committed(self, shard: str, manifest: dict | None, parts: set[str] | None = None) -> bool:
+        """The manifest says done, names this shard's part, and the part exists (readers trust this).
+        `parts` is what `part_names` listed: given, the part is looked up there, not asked for (a
+        HEAD request per shard on S3)."""
         if not manifest or manifest.get("status") != "done":
             return False
         if manifest.get("part") not in (self.part_name(shard), self._legacy_name(shard)):
             return False
+        if parts is not None:
+            return manifest["part"] in parts
         return self.part_info(shard, manifest) is not None
 
-    def shard_done(self, shard: Shard, manifest: dict | None, spec_hash: str | None = None) -> bool:
+    def committed_manifests(self, manifests: dict[str, dict]) -> dict[str, dict]:
+        """The manifests of committed shards, with every part looked up in one listing."""
+        parts = self.part_names(legacy=any("/" not in m.get("part", "data/") for m in manifests.values()))
+        return {s: m for s, m in manifests.items() if self.committed(s, m, parts)}
+
+    def part_names(self, legacy: bool = False) -> set[str]:
+        """The part files under the output, named as manifests name them (data/part-….parquet), from
+        one listing of data/ (a LIST request per 1,000 parts on S3); with legacy, also the parts an
+        output written before data/ keeps at its top."""
+        out: set[str] = set()
+        for folder, prefix in [("data", "data/"), *([("", "")] if legacy else [])]:
+            path = f"{self.root}/{folder}".rstrip("/")
+            self.fs.invalidate_cache(path)
+            try:
+                names = self.fs.ls(path, detail=False)
+            except FileNotFoundError:
+                continue
+            out.update(prefix + n.rstrip("/").rsplit("/", 1)[-1] for n in names if n.endswith(".parquet"))
+        return out
+
+    def shard_done(self, shard: Shard, manifest: dict | None, spec_hash: str | None = None,
+                   parts: set[str] | None = None) -> bool:
         """What a run need not redo: committed, with as many rows as the shard's input has now, and,
         given the spec hash, written by this spec from this input. The one answer to "is this shard
         done" for runs; readers without the input (report, status) ask `committed`."""
         if spec_hash is not None and shard.is_stale(manifest, spec_hash):
             return False
-        return self.committed(shard.shard, manifest) and shard.has_every_row(manifest or {})
+        return self.committed(shard.shard, manifest, parts) and shard.has_every_row(manifest or {})
 
     def _part_of(self, shard: str, manifest: dict | None) -> str:
         """Where the shard's part is: the name its manifest records (an output written before
@@ -357,14 +382,15 @@ class OutputStore:
         except FileNotFoundError:
             return None
 
-    def read_part(self, shard: str, manifest: dict | None = None) -> pa.Table:
+    def read_part(self, shard: str, manifest: dict | None = None, columns: tuple[str, ...] | None = None) -> pa.Table:
+        """The shard's part, or only `columns` of it (the others are not read)."""
         # One thread, and ParquetFile rather than pq.read_table: decoding a Python file object in
         # pyarrow's threads can leave a column reader to be freed on one of them while the
         # interpreter shuts down, which aborts the process ("terminate called without an active
         # exception", exit 134; pyarrow 26, apache/arrow#33975). read_table aborted a script 9 times
         # in 10; threaded ParquetFile.read() 6 in 20 in a script that had imported torch.
         with self.fs.open(self._part_of(shard, manifest), "rb") as f:
-            return pq.ParquetFile(f).read(use_threads=False)
+            return pq.ParquetFile(f).read(columns=list(columns) if columns else None, use_threads=False)
 
 
 @contextlib.contextmanager
