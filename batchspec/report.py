@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 import polars as pl
 
 from .policy import Costs

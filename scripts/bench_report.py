@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,6 @@ WORDS = ("the parties agree that the term of this agreement shall begin on the e
 
 def write_output(root: Path, rows: int, parts: int, with_input: bool, seed: int = 0) -> None:
     from batchspec.runner.store import OUTPUT_SCHEMA
-
     from batchspec.spec import spec_from_dict
 
     spec_hash = spec_from_dict(spec_dict(root)).output_hash()

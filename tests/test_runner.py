@@ -115,10 +115,12 @@ def test_rerun_redoes_only_missing_shards(models_dir, ray_session, tmp_path, mon
     assert (out / "_batchspec" / "_SUCCESS").exists()
     # A run with nothing left to do touches no part at all; planning it lists data/ once instead of
     # looking at each part (a rerun of 10,000 shards on S3 was 10,000 HEAD requests before it started).
-    looked, listed, real_names = [], [], OutputStore.part_names
+    from batchspec.runner import store as stores
+
+    looked, listed, real_names = [], [], stores.part_names
     with monkeypatch.context() as m:
         m.setattr(OutputStore, "part_info", lambda self, shard, manifest=None: looked.append(shard))
-        m.setattr(OutputStore, "part_names", lambda self, legacy=False: listed.append(legacy) or real_names(self, legacy))
+        m.setattr(stores, "part_names", lambda store, legacy=False: listed.append(legacy) or real_names(store, legacy))
         assert prepare(spec)[2] == []
     assert looked == [] and listed == [False]
     nothing = submit(spec)

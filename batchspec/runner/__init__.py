@@ -1,1 +1,1 @@
-"""The job runner: plan shards, run them on a pool of Ray actors, commit parts and manifests."""
+"""The job runner: plan shards, run them through Ray Data on shard actors, commit parts and manifests."""

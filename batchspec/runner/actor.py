@@ -1,7 +1,7 @@
 """The shard actor: one backend loaded per actor, a batch of shard descriptors per call.
 
 A thin Ray actor around runner/worker.py's ShardRunner, which tests and scripts call without Ray
-(runner/pool.py schedules it)."""
+(runner/dataset.py maps calls onto it through Ray Data)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ log = logging.getLogger("batchspec.worker")
 
 
 class ShardWorker:
-    """A shard actor (runner/pool.py): one engine per actor; each call runs a batch of shards."""
+    """A shard actor (runner/dataset.py): one engine per actor; each call runs a batch of shards."""
 
     def __init__(self, spec_json: str, job_id: str, threads: int = 0, backend: str | None = None):
         from .logs import configure_worker_logging

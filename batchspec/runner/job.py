@@ -1,4 +1,4 @@
-"""The driver: plan, check what is already done, run the rest on a pool of Ray actors, commit the job.
+"""The driver: plan, check what is already done, run the rest through Ray Data (runner/dataset.py), commit the job.
 
     result = submit(load_spec("jobs/summarize_legal.yaml"))
     result.failed  # shard ids that failed; rerun() redoes only shards not done
@@ -27,7 +27,7 @@ from ..spec import JobSpec
 from .lease import Lease, LeaseHeld, LeaseLost
 from .logs import log_event
 from .plan import Shard, input_fingerprint, plan_shards
-from .store import OutputStore, now_iso
+from .store import OutputStore, now_iso, part_names
 
 log = logging.getLogger("batchspec.job")
 
@@ -333,7 +333,7 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
 
 
 class _ModelCheck(threading.Thread):
-    """preflight.resolve_models on a thread of its own, started before Ray. On the hf backend it
+    """preflight.resolve_models, then `import ray.data`, on a thread of its own, started before Ray. On the hf backend it
     imports transformers and torch to read configs and tokenizers, seconds that would otherwise
     add to a local Ray's start (mostly waiting on the processes it spawns); side by side, the two
     overlap. A daemon: a Ctrl-C during Ray's start does not wait for it; signals go to the main
@@ -352,6 +352,9 @@ class _ModelCheck(threading.Thread):
 
         try:
             self._problems = resolve_models(self.spec, self.backend, self.notes)
+            # The runner's next import (0.6 s), while Ray's processes start: on the driver's main
+            # thread it would add to the job's wall time.
+            import ray.data  # noqa: F401
         except BaseException as e:  # handed to the caller of result()
             self._error = e
 
@@ -513,10 +516,10 @@ def _run(plan: RunPlan) -> JobResult:
 
 
 def _dispatch(plan: RunPlan, result: JobResult) -> dict[str, str | None]:
-    """Send the shards to do to the actor pool; returns each shard's error as its actor reported it
+    """Send the shards to do to the shard actors (runner/dataset.py); returns each shard's error as its actor reported it
     (None when it reported none). Actor starts go into result; each manifest is logged and shown."""
     from .actor import ACTOR_START, ShardWorker, failed_manifest
-    from .pool import run_pool
+    from .dataset import run_calls
 
     spec, job_id, backend = plan.spec, plan.job_id, plan.backend
     began_at = time.time() - (time.perf_counter() - plan.started)  # the run's start in wall-clock time
@@ -531,8 +534,8 @@ def _dispatch(plan: RunPlan, result: JobResult) -> dict[str, str | None]:
     actor_options = {"num_cpus": res.cpus_per_actor, "num_gpus": res.gpus_per_actor or None,
                      **actor_runtime_env(actor_env_vars(backend.name, threads))}
     init_kwargs = {"spec_json": spec.model_dump_json(), "job_id": job_id, "threads": threads, "backend": backend.name}
-    for manifests_of_call in run_pool(ShardWorker, batches, res.actors, actor_options, init_kwargs,
-                                      failed=lambda batch, why: [failed_manifest(s["shard"], why) for s in batch]):
+    for manifests_of_call in run_calls(ShardWorker, batches, res.actors, actor_options, init_kwargs,
+                                       failed=lambda batch, why: [failed_manifest(s["shard"], why) for s in batch]):
         for manifest in manifests_of_call:
             start = manifest.pop(ACTOR_START, None)
             if start:  # ready_s: on a cluster, within the clocks' skew
@@ -556,7 +559,7 @@ def _tally(plan: RunPlan, result: JobResult, reported: dict[str, str | None]) ->
     """Count what is done from the manifests, re-read: they are the truth, not what came back
     through Ray."""
     manifests = plan.store.manifests()
-    parts = plan.store.part_names(legacy=True)
+    parts = part_names(plan.store, legacy=True)
     for s in plan.shards:
         m = manifests.get(s.shard)
         if plan.store.shard_done(s, m, parts=parts):

@@ -104,13 +104,25 @@ def _take_over(logger: logging.Logger, fmt: str, level: str) -> None:
 
 
 def quiet_foreign_loggers() -> None:
-    """Run after `import ray` and after ray.init: both install Ray's own console handlers."""
+    """Run after `import ray`, ray.init and `import ray.data`: each installs Ray's own console handlers."""
     fmt, level = getattr(configure, "state", ("text", "WARNING"))
-    _take_over(logging.getLogger("ray"), fmt, level)
+    for name in ("ray", "ray.data"):
+        _take_over(logging.getLogger(name), fmt, level)
+    logging.getLogger("ray.data").addFilter(_drop_handled)
+
+
+def _drop_handled(record: logging.LogRecord) -> bool:
+    """Ray Data's traceback for a call it gave up on (max_errored_blocks): the runner runs that
+    call's shards again one by one and reports the one that fails, in one line."""
+    return "max_errored_blocks" not in record.getMessage()
 
 
 # "[2026-11-30 16:47:16,884 W 25974 25974] gcs_client.cc:210: message": Ray's C++ core on stderr.
 _RAY_CORE_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+ [A-Z] \d+ \d+\] (.*)$")
+# Ray core warns on every run that Ray Data's actors have constructor arguments in the object store
+# (ray-project/ray#53727): they would be lost only if the driver let go of them, and it holds them
+# for the whole run. It tells a batchspec user nothing.
+_RAY_CORE_NOISE = re.compile(r"core_worker\.cc:\d+: Actor with class name: .* has constructor arguments in the object store")
 # "\x1b[36m(ShardWorker pid=19036)\x1b[0m {...}": an actor's line forwarded by Ray (--worker-logs).
 _RAY_ACTOR_PREFIX = re.compile(r"^(?:\x1b\[[0-9;]*m)?\((\w+) pid=(\d+)(?:, ip=[^)]*)?\)(?:\x1b\[[0-9;]*m)? ?(.*)$")
 
@@ -186,6 +198,8 @@ def capture_stderr(fmt: str):
             for raw in src:
                 line = raw.decode("utf-8", "replace").rstrip("\n")
                 core = _RAY_CORE_LINE.match(line)
+                if core and _RAY_CORE_NOISE.search(core.group(1)):
+                    continue
                 if core and core.group(1) == last:
                     repeats += 1
                     continue

@@ -331,9 +331,8 @@ class OutputStore:
         return out
 
     def committed(self, shard: str, manifest: dict | None, parts: set[str] | None = None) -> bool:
-        """The manifest says done, names this shard's part, and the part exists (readers trust this).
-        `parts` is what `part_names` listed: given, the part is looked up there, not asked for (a
-        HEAD request per shard on S3)."""
+        """The manifest says done, names this shard's part, and the part exists (readers trust this):
+        in `parts` (what part_names listed) if given, else asked for (a HEAD request on S3)."""
         if not manifest or manifest.get("status") != "done":
             return False
         if manifest.get("part") not in (self.part_name(shard), self._legacy_name(shard)):
@@ -344,23 +343,8 @@ class OutputStore:
 
     def committed_manifests(self, manifests: dict[str, dict]) -> dict[str, dict]:
         """The manifests of committed shards, with every part looked up in one listing."""
-        parts = self.part_names(legacy=any("/" not in m.get("part", "data/") for m in manifests.values()))
+        parts = part_names(self, legacy=any("/" not in m.get("part", "data/") for m in manifests.values()))
         return {s: m for s, m in manifests.items() if self.committed(s, m, parts)}
-
-    def part_names(self, legacy: bool = False) -> set[str]:
-        """The part files under the output, named as manifests name them (data/part-….parquet), from
-        one listing of data/ (a LIST request per 1,000 parts on S3); with legacy, also the parts an
-        output written before data/ keeps at its top."""
-        out: set[str] = set()
-        for folder, prefix in [("data", "data/"), *([("", "")] if legacy else [])]:
-            path = f"{self.root}/{folder}".rstrip("/")
-            self.fs.invalidate_cache(path)
-            try:
-                names = self.fs.ls(path, detail=False)
-            except FileNotFoundError:
-                continue
-            out.update(prefix + n.rstrip("/").rsplit("/", 1)[-1] for n in names if n.endswith(".parquet"))
-        return out
 
     def shard_done(self, shard: Shard, manifest: dict | None, spec_hash: str | None = None,
                    parts: set[str] | None = None) -> bool:
@@ -391,6 +375,22 @@ class OutputStore:
         # in 10; threaded ParquetFile.read() 6 in 20 in a script that had imported torch.
         with self.fs.open(self._part_of(shard, manifest), "rb") as f:
             return pq.ParquetFile(f).read(columns=list(columns) if columns else None, use_threads=False)
+
+
+def part_names(store: OutputStore, legacy: bool = False) -> set[str]:
+    """The part files under the output, named as manifests name them (data/part-….parquet), from
+    one listing of data/ (a LIST request per 1,000 parts on S3); with legacy, also the parts an
+    output written before data/ keeps at its top."""
+    out: set[str] = set()
+    for folder, prefix in [("data", "data/"), *([("", "")] if legacy else [])]:
+        path = f"{store.root}/{folder}".rstrip("/")
+        store.fs.invalidate_cache(path)
+        try:
+            names = store.fs.ls(path, detail=False)
+        except FileNotFoundError:
+            continue
+        out.update(prefix + n.rstrip("/").rsplit("/", 1)[-1] for n in names if n.endswith(".parquet"))
+    return out
 
 
 @contextlib.contextmanager

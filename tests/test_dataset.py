@@ -1,8 +1,8 @@
-"""The actor pool under the runner: every batch comes back exactly once, whatever its actor did."""
+"""Ray Data under the runner: every call comes back exactly once, whatever its actor did."""
 
 from __future__ import annotations
 
-from batchspec.runner.pool import run_pool
+from batchspec.runner.dataset import run_calls
 
 
 def failed(batch, why):
@@ -20,7 +20,7 @@ def test_every_batch_comes_back_once_and_a_raising_call_fails_only_its_batch(ray
             return [{"shard": s, "status": "done", "by": self.tag} for s in batch]
 
     batches = [["a", "b"], ["bad", "c"], ["d"], ["e", "f"]]
-    results = list(run_pool(Worker, batches, size=2, actor_options={"num_cpus": 0}, init_kwargs={"tag": "w"},
+    results = list(run_calls(Worker, batches, size=2, actor_options={"num_cpus": 0}, init_kwargs={"tag": "w"},
                             failed=failed))
 
     got = {m["shard"]: m for ms in results for m in ms}
@@ -39,13 +39,34 @@ def test_an_actor_that_cannot_start_fails_every_batch_in_one_line_and_does_not_h
             return []
 
     batches = [["a"], ["b"], ["c"]]
-    results = list(run_pool(Broken, batches, size=2, actor_options={"num_cpus": 0}, init_kwargs={}, failed=failed))
+    results = list(run_calls(Broken, batches, size=2, actor_options={"num_cpus": 0}, init_kwargs={}, failed=failed))
 
     got = {m["shard"]: m for ms in results for m in ms}
     assert sorted(got) == ["a", "b", "c"]
     for m in got.values():
         assert m["status"] == "failed" and "\n" not in m["error"]
         assert m["error"].startswith("shard actor died: ") and "no such device: cuda:7" in m["error"], m["error"]
+
+
+def test_a_call_that_kills_its_actor_every_time_fails_only_the_shard_that_does(ray_session):
+    """Ray restarts the actor and retries the call (ATTEMPTS in all); a call that still does not
+    come back runs again shard by shard, so the other shard of that call is done, and the one that
+    crashes fails in one line. The job ends (Ray would otherwise retry it forever)."""
+    class Crashing:
+        def run(self, batch):
+            if "boom" in batch:
+                import os
+
+                os._exit(1)  # what an OOM kill or a native crash looks like to Ray
+            return [{"shard": s, "status": "done"} for s in batch]
+
+    results = list(run_calls(Crashing, [["boom", "g"], ["h"]], size=1, actor_options={"num_cpus": 0},
+                             init_kwargs={}, failed=failed))
+
+    got = {m["shard"]: m for ms in results for m in ms}
+    assert sorted(got) == ["boom", "g", "h"] and len(results) == 3
+    assert got["g"]["status"] == got["h"]["status"] == "done"
+    assert got["boom"]["status"] == "failed" and got["boom"]["error"].startswith("the shard killed its actor 3 times")
 
 
 def test_vllm_calls_hold_enough_rows_for_vllms_batch_and_at_most_an_actors_share():
