@@ -124,6 +124,8 @@ def test_json_line_reads_vllms_own_format_and_leaves_other_lines_whole():
     assert {k: vllm[k] for k in ("level", "logger", "actor", "pid", "source", "msg")} == {
         "level": "WARNING", "logger": "vllm", "actor": "ShardWorker", "pid": 7, "source": "api_utils.py:286",
         "msg": "seed [set]"}
+    mapped = json.loads(json_line('\x1b[36m(MapWorker(MapBatches(CallMap)) pid=8)\x1b[0m {"msg": "shard done"}'))
+    assert mapped == {"msg": "shard done", "actor": "ShardWorker", "pid": 8}  # Ray Data's name for the shard actor
     other = json.loads(json_line("WARNING: something [x] else"))
     assert (other["level"], other["logger"], other["msg"]) == ("INFO", "stderr", "WARNING: something [x] else")
     assert json_line("   ") is None

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-from batchspec.runner.dataset import run_calls
+import json
+
+import pytest
+
+from batchspec.runner.dataset import CrashLedger, run_calls
+
+
+@pytest.fixture()
+def ledger(tmp_path):
+    return CrashLedger(str(tmp_path / "crashes"))
 
 
 def failed(batch, why):
     return [{"shard": s, "status": "failed", "error": why} for s in batch]
 
 
-def test_every_batch_comes_back_once_and_a_raising_call_fails_only_its_batch(ray_session):
+def test_every_batch_comes_back_once_and_a_raising_call_fails_only_its_batch(ray_session, ledger, tmp_path):
     class Worker:  # defined here so that Ray ships it by value to its workers
         def __init__(self, tag):
             self.tag = tag
@@ -21,16 +30,17 @@ def test_every_batch_comes_back_once_and_a_raising_call_fails_only_its_batch(ray
 
     batches = [["a", "b"], ["bad", "c"], ["d"], ["e", "f"]]
     results = list(run_calls(Worker, batches, size=2, actor_options={"num_cpus": 0}, init_kwargs={"tag": "w"},
-                            failed=failed))
+                            ledger=ledger, failed=failed))
 
     got = {m["shard"]: m for ms in results for m in ms}
     assert len(results) == 4 and sorted(got) == ["a", "b", "bad", "c", "d", "e", "f"]
     assert [got[s]["status"] for s in ("bad", "c")] == ["failed", "failed"]
     assert got["bad"]["error"] == "ValueError: row 3 is not a prompt"
     assert all(got[s]["status"] == "done" for s in "abdef")  # the actor that raised kept working
+    assert not (tmp_path / "crashes").exists()  # nothing crashed, nothing written
 
 
-def test_an_actor_that_cannot_start_fails_every_batch_in_one_line_and_does_not_hang(ray_session):
+def test_an_actor_that_cannot_start_fails_every_batch_in_one_line_and_does_not_hang(ray_session, ledger):
     class Broken:
         def __init__(self):
             raise RuntimeError("no such device: cuda:7")
@@ -39,7 +49,8 @@ def test_an_actor_that_cannot_start_fails_every_batch_in_one_line_and_does_not_h
             return []
 
     batches = [["a"], ["b"], ["c"]]
-    results = list(run_calls(Broken, batches, size=2, actor_options={"num_cpus": 0}, init_kwargs={}, failed=failed))
+    results = list(run_calls(Broken, batches, size=2, actor_options={"num_cpus": 0}, init_kwargs={}, ledger=ledger,
+                             failed=failed))
 
     got = {m["shard"]: m for ms in results for m in ms}
     assert sorted(got) == ["a", "b", "c"]
@@ -48,10 +59,11 @@ def test_an_actor_that_cannot_start_fails_every_batch_in_one_line_and_does_not_h
         assert m["error"].startswith("shard actor died: ") and "no such device: cuda:7" in m["error"], m["error"]
 
 
-def test_a_call_that_kills_its_actor_every_time_fails_only_the_shard_that_does(ray_session):
+def test_a_call_that_kills_its_actor_every_time_fails_only_the_shard_that_does(ray_session, ledger, tmp_path):
     """Ray restarts the actor and retries the call (ATTEMPTS in all); a call that still does not
-    come back runs again shard by shard, so the other shard of that call is done, and the one that
-    crashes fails in one line. The job ends (Ray would otherwise retry it forever)."""
+    kills it ATTEMPTS times runs shard by shard, so the other shard of that call is done, and the
+    one that crashes fails in one line, after ATTEMPTS more deaths alone. The restarted actors
+    count the deaths in the ledger; a run without crashes writes none."""
     class Crashing:
         def run(self, batch):
             if "boom" in batch:
@@ -61,12 +73,15 @@ def test_a_call_that_kills_its_actor_every_time_fails_only_the_shard_that_does(r
             return [{"shard": s, "status": "done"} for s in batch]
 
     results = list(run_calls(Crashing, [["boom", "g"], ["h"]], size=1, actor_options={"num_cpus": 0},
-                             init_kwargs={}, failed=failed))
+                             init_kwargs={}, ledger=ledger,
+                             failed=failed))
 
     got = {m["shard"]: m for ms in results for m in ms}
-    assert sorted(got) == ["boom", "g", "h"] and len(results) == 3
+    assert sorted(got) == ["boom", "g", "h"] and len(results) == 2
     assert got["g"]["status"] == got["h"]["status"] == "done"
     assert got["boom"]["status"] == "failed" and got["boom"]["error"].startswith("the shard killed its actor 3 times")
+    [entry] = [json.loads(p.read_text()) for p in (tmp_path / "crashes").iterdir()]
+    assert entry == {"deaths": 6, "running": None, "alone": {"boom": 3}}
 
 
 def test_vllm_calls_hold_enough_rows_for_vllms_batch_and_at_most_an_actors_share():

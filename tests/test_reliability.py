@@ -223,3 +223,103 @@ def test_an_error_is_shown_and_stored_as_one_line():
     assert error_line(OSError("\n   first real line\nmore")) == "OSError: first real line"
     assert error_line(RuntimeError("")) == "RuntimeError"
     assert error_line(RuntimeError("x" * 1000), limit=10) == "RuntimeError: " + "x" * 10
+
+
+class RayNodes:
+    """Ray nodes started with `ray start` on this machine, as on a real cluster (token
+    authentication on, as Ray 2.60 turns it on): the head, then nodes that join it. Each node's
+    processes are what appeared while its `ray start` ran, with their children when killed; so
+    kill() and stop() touch only these nodes, never the test session's own Ray."""
+
+    def __init__(self, tmp):
+        import secrets
+        import socket
+
+        self.token = tmp / "token"
+        self.token.write_text(secrets.token_hex(32))
+        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token),
+                    "RAY_worker_niceness": "0"}
+        self.env.pop("RAY_ADDRESS", None)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        self.temp = f"/tmp/rn-{self.port}"
+        self.nodes: list[set[int]] = []
+
+    def start(self, *args: str) -> int:
+        import psutil
+
+        before = set(psutil.pids())
+        ray = os.path.join(os.path.dirname(sys.executable), "ray")
+        first = ["--head", f"--port={self.port}", f"--temp-dir={self.temp}", "--include-dashboard=false"]
+        subprocess.run([ray, "start", *(first if not self.nodes else [f"--address={self.address}"]), *args,
+                        "--disable-usage-stats"], check=True, capture_output=True, env=self.env, timeout=120)
+        self.nodes.append(set(psutil.pids()) - before)
+        return len(self.nodes) - 1
+
+    def processes(self, node: int) -> set[int]:
+        import psutil
+
+        out = set()
+        for pid in self.nodes[node]:
+            try:
+                out |= {pid} | {c.pid for c in psutil.Process(pid).children(recursive=True)}
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    def kill(self, node: int) -> set[int]:
+        pids = self.processes(node)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return pids
+
+    def stop(self) -> None:
+        for node in reversed(range(len(self.nodes))):
+            self.kill(node)
+
+
+def test_a_node_sigkilled_mid_job_moves_its_shards_to_a_live_node(models_dir, ray_session, tmp_path, faults, fault_file):
+    """Issue 40: a two-node cluster started with `ray start` (head + one joined node, one CPU and
+    one shard actor each), `batchspec submit --address`, every process of the second node SIGKILLed
+    while its actor holds a shard. The job finishes by itself: every input id exactly once, the
+    completions those of an undisturbed run, and the lost node's shard generated again on the live
+    node. (The pool this replaced gave that shard up: "killed its actor 3 times".)"""
+    write_prompt_shards(local_writer(tmp_path / "in"), 4, 4)
+    assert submit(make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "ref"))).ok
+    spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"), resources__actors=2)
+    job = tmp_path / "job.yaml"
+    job.write_text(json.dumps(spec.model_dump(mode="json")))
+    faults({"sleep": {"prompts-0000": 8, "prompts-0001": 8}})  # each actor holds one of these
+    cluster = RayNodes(tmp_path)
+    try:
+        cluster.start("--num-cpus=1")
+        second = cluster.start("--num-cpus=1")
+        driver = subprocess.Popen([sys.executable, "-m", "batchspec.cli", "submit", str(job), "--address", cluster.address,
+                                   "--quiet"], env={**cluster.env, "BATCHSPEC_FAULT_FILE": str(fault_file)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        held: dict[str, int] = {}
+        deadline = time.time() + 180
+        while len(held) < 2 and time.time() < deadline and driver.poll() is None:
+            for shard in ("prompts-0000", "prompts-0001"):
+                marker = fault_file.parent / f"{fault_file.name}.{shard}.started"
+                if marker.exists() and marker.read_text().strip():
+                    held[shard] = int(marker.read_text())
+            time.sleep(0.2)
+        assert len(held) == 2, (held, driver.poll(), driver.stderr.read() if driver.poll() is not None else "")
+        lost = [shard for shard, pid in held.items() if pid in cluster.processes(second)]
+        assert len(lost) == 1, (held, cluster.processes(second))  # one actor per node
+        cluster.kill(second)
+        out, err = driver.communicate(timeout=300)
+    finally:
+        cluster.stop()
+    record_fault("node SIGKILLed mid-job (ray start, 2 nodes)", 1, driver.returncode == 0, part_ids(str(tmp_path / "ref")),
+                 part_ids(str(tmp_path / "out")), outputs(tmp_path / "out") == outputs(tmp_path / "ref"))
+    assert driver.returncode == 0, err[-3000:]
+    assert outputs(tmp_path / "out") == outputs(tmp_path / "ref") and len(outputs(tmp_path / "out")) == 16
+    manifest = OutputStore(str(tmp_path / "out")).manifests()[lost[0]]
+    assert manifest["status"] == "done" and int(manifest["worker"].rsplit(":", 1)[1]) != held[lost[0]]

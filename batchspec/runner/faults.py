@@ -36,7 +36,8 @@ class FaultPlan:
         with open(self.path) as f:
             faults = json.load(f)
         if rows_done == 0 and shard in faults.get("sleep", {}):  # hold the shard
-            open(f"{self.path}.{shard}.started", "w").close()
+            with open(f"{self.path}.{shard}.started", "w") as f:
+                f.write(str(os.getpid()))  # which actor holds it (a test kills that actor's node)
             time.sleep(faults["sleep"][shard])
         at = faults.get("kill", {}).get(shard)
         marker = f"{self.path}.{shard}.killed"

@@ -519,7 +519,7 @@ def _dispatch(plan: RunPlan, result: JobResult) -> dict[str, str | None]:
     """Send the shards to do to the shard actors (runner/dataset.py); returns each shard's error as its actor reported it
     (None when it reported none). Actor starts go into result; each manifest is logged and shown."""
     from .actor import ACTOR_START, ShardWorker, failed_manifest
-    from .dataset import run_calls
+    from .dataset import CrashLedger, run_calls
 
     spec, job_id, backend = plan.spec, plan.job_id, plan.backend
     began_at = time.time() - (time.perf_counter() - plan.started)  # the run's start in wall-clock time
@@ -534,7 +534,8 @@ def _dispatch(plan: RunPlan, result: JobResult) -> dict[str, str | None]:
     actor_options = {"num_cpus": res.cpus_per_actor, "num_gpus": res.gpus_per_actor or None,
                      **actor_runtime_env(actor_env_vars(backend.name, threads))}
     init_kwargs = {"spec_json": spec.model_dump_json(), "job_id": job_id, "threads": threads, "backend": backend.name}
-    for manifests_of_call in run_calls(ShardWorker, batches, res.actors, actor_options, init_kwargs,
+    ledger = CrashLedger(f"{spec.output.path.rstrip('/')}/_batchspec/crashes/{job_id}", spec.output.storage_options)
+    for manifests_of_call in run_calls(ShardWorker, batches, res.actors, actor_options, init_kwargs, ledger,
                                        failed=lambda batch, why: [failed_manifest(s["shard"], why) for s in batch]):
         for manifest in manifests_of_call:
             start = manifest.pop(ACTOR_START, None)

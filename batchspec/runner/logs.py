@@ -108,12 +108,12 @@ def quiet_foreign_loggers() -> None:
     fmt, level = getattr(configure, "state", ("text", "WARNING"))
     for name in ("ray", "ray.data"):
         _take_over(logging.getLogger(name), fmt, level)
-    logging.getLogger("ray.data").addFilter(_drop_handled)
+    logging.getLogger("ray.data").handlers[-1].addFilter(_drop_handled)  # records of its child loggers too
 
 
 def _drop_handled(record: logging.LogRecord) -> bool:
-    """Ray Data's traceback for a call it gave up on (max_errored_blocks): the runner runs that
-    call's shards again one by one and reports the one that fails, in one line."""
+    """Ray Data's traceback for a call it gave up on (max_errored_blocks): the runner fails that
+    call's shards and says so in one line each."""
     return "max_errored_blocks" not in record.getMessage()
 
 
@@ -124,7 +124,9 @@ _RAY_CORE_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+ [A-Z] \d+ \d+\] (.*)$"
 # for the whole run. It tells a batchspec user nothing.
 _RAY_CORE_NOISE = re.compile(r"core_worker\.cc:\d+: Actor with class name: .* has constructor arguments in the object store")
 # "\x1b[36m(ShardWorker pid=19036)\x1b[0m {...}": an actor's line forwarded by Ray (--worker-logs).
-_RAY_ACTOR_PREFIX = re.compile(r"^(?:\x1b\[[0-9;]*m)?\((\w+) pid=(\d+)(?:, ip=[^)]*)?\)(?:\x1b\[[0-9;]*m)? ?(.*)$")
+# Ray Data's map actor is "(MapWorker(MapBatches(CallMap)) pid=N)": that is the shard actor.
+_RAY_ACTOR_PREFIX = re.compile(r"^(?:\x1b\[[0-9;]*m)?\(([\w()]+?) pid=(\d+)(?:, ip=[^)]*)?\)(?:\x1b\[[0-9;]*m)? ?(.*)$")
+_ACTOR_NAMES = {"MapWorker(MapBatches(CallMap))": "ShardWorker"}
 
 
 # "(MainProcess pid=7376) WARNING 12-01 06:55:52 [api_utils.py:286] message": vLLM's own handler.
@@ -140,7 +142,8 @@ def json_line(line: str) -> str | None:
     if not line.strip():
         return None
     actor = _RAY_ACTOR_PREFIX.match(line)
-    body, where = (actor.group(3), {"actor": actor.group(1), "pid": int(actor.group(2))}) if actor else (line, {})
+    body, where = ((actor.group(3), {"actor": _ACTOR_NAMES.get(actor.group(1), actor.group(1)),
+                                     "pid": int(actor.group(2))}) if actor else (line, {}))
     try:
         record = json.loads(body)
     except ValueError:
