@@ -47,7 +47,7 @@ def _options(pairs: list[str]) -> dict:
 
 
 def _run(job: str, overrides: list[str], address: str | None, force: bool, quiet: bool, log_format: str,
-         require_existing: bool, worker_logs: bool = False) -> None:
+         require_existing: bool, worker_logs: bool = False, progress_every: float = 30.0) -> None:
     from .runner.logs import capture_stderr, configure
 
     if log_format not in ("text", "json"):
@@ -67,7 +67,7 @@ def _run(job: str, overrides: list[str], address: str | None, force: bool, quiet
 
         if _guard(lambda: OutputStore(spec.output.path, spec.output.storage_options).read_job(), spec.output.path) is None:
             _die(f"nothing to rerun at {spec.output.path} (no _batchspec/job.json); use `batchspec submit {job}`")
-    progress = Progress(enabled=not quiet and log_format == "text", stream=real_stderr)
+    progress = Progress(enabled=not quiet and log_format == "text", stream=real_stderr, every_s=progress_every)
     # The rerun hint repeats the overrides: without them the spec (and its hash) differ, and rerun refuses.
     again = " ".join([job] + [f"--set {shlex.quote(item)}" for item in overrides or []])
     ray_was_running = _ray_running()
@@ -177,12 +177,15 @@ def submit(
     log_format: str = typer.Option("text", help="text, or json (every stderr line one JSON object, for pipelines)."),
     worker_logs: bool = typer.Option(False, help="Also print the actors' own log lines (they are in Ray's session "
                                                  "logs either way)."),
+    progress_every: float = typer.Option(30.0, help="When stderr is not a terminal: seconds between progress lines "
+                                                    "(the first shard, failed shards and the last always print)."),
 ) -> None:
     """Run a job: every shard not yet committed at the output.
 
     Example: batchspec submit jobs/summarize_legal.yaml --set resources.actors=2
 
-    Prints a line per shard and a summary, whose time says how much of it was start-up ("of which
+    On a terminal, a live progress bar; in a log, a progress line every --progress-every seconds
+    (and one for each failed shard); then a summary, whose time says how much of it was start-up ("of which
     start-up 14.5s (Ray 4.0s, engine load 10.1s)"; job.json keeps it per actor). Exit code 0 when
     every shard is committed, 1 when some failed (rerun them) or another run took the output
     over (--force elsewhere: this run stops before its next shard), 2 on a usage error, 130 when
@@ -194,18 +197,17 @@ def submit(
 
     With speculation.mode auto, each actor starts from what the job's last run measured on its
     node (costs, acceptance; ~/.cache/batchspec/policy, or BATCHSPEC_POLICY_MEMORY; "off" or
-    --set speculation.remember=false to start from nothing; docs/policy.md). On vLLM a call
-    decided from such numbers still checks the acceptance its own steps deliver, and decodes
-    plain for the rest of the call when speculation stops paying (the shard's manifest says so);
-    one decided off from a remembered acceptance speculates now and then ("on (checking)", at
-    spaced runs) to see whether that acceptance still holds. Shards packed into one vLLM call run
-    under one decision for all their rows; each manifest says what its shard alone would have got.
+    --set speculation.remember=false to start from nothing; docs/policy.md). On vLLM every shard
+    of a call is decided from its own rows: a short look at k measures its acceptance, then its
+    rows run under its own decision, and a speculating call that its own steps show losing
+    decodes plain for the rest (the shard's manifest says so).
 
     With model.backend auto, an actor whose vLLM engine cannot start the model (an architecture
     or a draft pairing vLLM refuses) runs batchspec's own engine instead, and says so in a warning
     and in each manifest's backend_note (docs/engine.md).
     """
-    _run(job, set_, address, force, quiet, log_format, require_existing=False, worker_logs=worker_logs)
+    _run(job, set_, address, force, quiet, log_format, require_existing=False, worker_logs=worker_logs,
+         progress_every=progress_every)
 
 
 @app.command()
@@ -218,6 +220,7 @@ def rerun(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display; warnings and errors only."),
     log_format: str = typer.Option("text", help="text or json (every stderr line one JSON object)."),
     worker_logs: bool = typer.Option(False, help="Also print the actors' own log lines."),
+    progress_every: float = typer.Option(30.0, help="As for submit."),
 ) -> None:
     """Redo only the shards that are not done (failed, missing, or never started).
 
@@ -225,7 +228,8 @@ def rerun(
 
     Refused when the spec changed, or when the input of a committed shard changed, unless --force.
     """
-    _run(job, set_, address, force, quiet, log_format, require_existing=True, worker_logs=worker_logs)
+    _run(job, set_, address, force, quiet, log_format, require_existing=True, worker_logs=worker_logs,
+         progress_every=progress_every)
 
 
 @app.command()

@@ -23,6 +23,13 @@ INTERNAL = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InternalError</
             b"<Message>We encountered an internal error. Please try again.</Message></Error>")
 
 
+def operation(method: str, path: str) -> str:
+    """The S3 operation of a request: a GET of a bucket (path-style, no key) with a query is a LIST."""
+    url = urlparse(path)
+    key = url.path.lstrip("/").partition("/")[2]
+    return "LIST" if method == "GET" and not key and url.query else method
+
+
 class FaultProxy:
     def __init__(self, upstream: str, seed: int = 0):
         up = urlparse(upstream)
@@ -33,6 +40,7 @@ class FaultProxy:
         self.lock = threading.Lock()
         self.injected = {"503": 0, "drop": 0, "persistent": 0}
         self.requests = 0
+        self.operations: dict[str, int] = {}  # LIST, GET, HEAD, PUT, POST, DELETE: what each request was
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -46,6 +54,8 @@ class FaultProxy:
                 body = self.rfile.read(length) if length else b""
                 with proxy.lock:
                     proxy.requests += 1
+                    op = operation(self.command, self.path)
+                    proxy.operations[op] = proxy.operations.get(op, 0) + 1
                     roll = proxy.rng.random()
                 if self.command == "PUT" and any(p in self.path for p in proxy.persistent):
                     with proxy.lock:

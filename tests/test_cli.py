@@ -40,15 +40,21 @@ def run_cli(*args, timeout=300) -> subprocess.CompletedProcess:
     return subprocess.run([BATCHSPEC, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def test_default_output_is_a_line_per_shard_and_one_summary(models_dir, tmp_path):
+def test_default_output_in_a_log_is_the_plan_progress_lines_and_one_summary(models_dir, tmp_path):
+    """stderr is not a terminal here: the first and the last shard print (the others would once
+    --progress-every seconds passed; 0 prints every one), then the summary."""
     job = write_job(models_dir, tmp_path)
     res = run_cli("submit", str(job))
     assert res.returncode == 0, res.stderr
     lines = res.stderr.splitlines()
     assert lines[0] == "3 shard(s): 3 to run, 0 already done"
-    assert sorted(line.split(":")[0] for line in lines[1:4]) == [f"shard prompts-000{i}" for i in range(3)]
-    assert lines[4].startswith("done: 3 shard(s) run") and lines[4].endswith(f"output {tmp_path / 'job-out'}")
-    assert len(lines) == 5, res.stderr  # no Ray banner, no worker lines, no loading bars, no wrapped summary
+    assert [line.split(":")[0][:15] for line in lines[1:3]] == ["shard prompts-0"] * 2
+    assert lines[1].endswith("1/3 shards, about " + lines[1].rsplit("about ", 1)[1]) and "3/3 shards" in lines[2]
+    assert lines[3].startswith("done: 3 shard(s) run") and lines[3].endswith(f"output {tmp_path / 'job-out'}")
+    assert len(lines) == 4, res.stderr  # no Ray banner, no worker lines, no loading bars, no wrapped summary
+    every = run_cli("submit", str(job), "--progress-every", "0", "--set", f"output.path={tmp_path / 'every'}")
+    assert sorted(line.split(":")[0] for line in every.stderr.splitlines()[1:4]) == [
+        f"shard prompts-000{i}" for i in range(3)]
 
 
 def test_a_failed_shard_is_told_once_with_its_reason_and_quiet_still_tells_it(models_dir, tmp_path):
@@ -425,3 +431,39 @@ os.write(2, b"[2026-11-30 16:47:22,001 W 25974 25974] other.cc:1: something else
     assert lines[1] == "(the line above repeated 19 more times)"
     assert lines[2].endswith("other.cc:1: something else")
     assert lines[3] == "(the line above repeated 1 more time)"
+
+
+def test_progress_in_a_log_is_a_line_a_while_not_a_line_a_shard():
+    """Not a terminal (a log file, a pipe): the first shard, every failed shard and the last print;
+    the others only once --progress-every seconds have passed since the last line."""
+    import io
+
+    from batchspec.runner.progress import Progress
+
+    def run(every_s: float) -> list[str]:
+        out = io.StringIO()
+        p = Progress(stream=out, every_s=every_s)
+        p.planned(list(range(100)), list(range(100)))
+        for i in range(100):
+            p.shard_done({"shard": f"s{i}", "status": "failed" if i == 50 else "done", "rows_out": 2,
+                          "error": "bad input" if i == 50 else None, "tokens": {"completion_tokens": 10}})
+        return out.getvalue().splitlines()[1:]  # after "100 shard(s): 100 to run, 0 already done"
+
+    quiet = run(3600)
+    assert [line.split(":")[0] for line in quiet] == ["shard s0", "shard s50", "shard s99"], quiet
+    assert "failed (bad input)" in quiet[1] and quiet[2].endswith("100/100 shards, about 0s left")
+    assert len(run(0)) == 100  # every shard when asked
+
+
+def test_status_of_many_shards_lists_only_those_not_done():
+    import io
+
+    from batchspec.runner.progress import print_status
+
+    shards = [{"shard": f"s{i}", "status": "failed" if i == 7 else "done", "rows": 1, "error_rows": 0, "attempts": 1,
+               "error": "boom" if i == 7 else None} for i in range(1200)]
+    out = io.StringIO()
+    print_status({"name": "big", "shards": {"done": 1199, "failed": 1, "pending": 0, "total": 1200}, "complete": False,
+                  "job_status": "failed", "shard_list": shards}, stream=out)
+    text = out.getvalue()
+    assert " s7 " in text and " s8 " not in text and "1199 done shard(s) not listed" in text

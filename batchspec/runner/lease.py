@@ -64,6 +64,14 @@ def _process_started(pid: int) -> float | None:
         return None
 
 
+def taken_over_by(store: OutputStore, job_id: str) -> str | None:
+    """The job that holds the output's lease now, when it is not job_id (None when job_id holds it,
+    or nothing does). What a shard actor asks before each call: Ray Data runs calls ahead of the
+    driver, so the driver's own check after each call would come after the next ones started."""
+    held = store.read_json(store.meta_path("lease.json"))
+    return held["job_id"] if held and held.get("job_id") not in (None, job_id) else None
+
+
 def holder_is_gone(held: dict) -> str | None:
     """Why a lease's holder is certainly dead, when it ran on this host; None if alive or elsewhere."""
     if held.get("host") != socket.gethostname() or not isinstance(held.get("pid"), int):

@@ -5,7 +5,8 @@ Records carry ids (job, shard, row) and prompt hashes, never raw prompts or cred
 
 What a user sees on stderr is the driver's: a line per shard and a summary (text), or one JSON
 object per line (json). Actors log to Ray's session log files (docs/operations.md says where);
-`--worker-logs` forwards them too, with Ray's "(ShardWorker pid=...)" prefix.
+`--worker-logs` forwards them too, with Ray's "(MapWorker(MapBatches(CallMap)) pid=...)" prefix
+(Ray Data's name for the shard actor; JSON records name it ShardWorker).
 """
 
 from __future__ import annotations

@@ -106,22 +106,27 @@ def _file_ids(files: list[str], root: str) -> list[str]:
 
 
 def plan_shards(path: str, storage_options: dict | None = None, max_rows_per_shard: int | None = None) -> list[Shard]:
+    """The shards of every input file, in the listing's order. Each file's footer is read on one of
+    a few threads: on S3 one file after another is a round trip or three each (a rerun of 1,200
+    files spent minutes here)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     fs, files, root = list_input_files(path, storage_options)
     proto = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    shards: list[Shard] = []
-    for stem, f in zip(_file_ids(files, root), files):
+
+    def shards_of(stem: str, f: str) -> list[Shard]:
         url = f if proto in ("file", "local") else f"{proto}://{f}"
         fp = fingerprint(fs, f)
         try:
             with fs.open(f, "rb") as fh:
                 meta = pq.ParquetFile(fh).metadata
         except Exception as e:  # corrupt or truncated file: this shard fails alone, the plan goes on
-            shards.append(Shard(stem, url, 0, -1, fp, plan_error=f"unreadable Parquet file: {error_line(e)}"))
-            continue
-        for i, (start, end) in enumerate(_slices(meta, max_rows_per_shard)):
-            sid = stem if end - start == meta.num_rows else f"{stem}-r{i}"
-            shards.append(Shard(sid, url, start, end, fp))
-    return shards
+            return [Shard(stem, url, 0, -1, fp, plan_error=f"unreadable Parquet file: {error_line(e)}")]
+        return [Shard(stem if end - start == meta.num_rows else f"{stem}-r{i}", url, start, end, fp)
+                for i, (start, end) in enumerate(_slices(meta, max_rows_per_shard))]
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return [s for group in pool.map(shards_of, _file_ids(files, root), files) for s in group]
 
 
 def _slices(meta, max_rows: int | None) -> list[tuple[int, int]]:

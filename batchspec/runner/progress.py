@@ -14,9 +14,14 @@ from ..rates import acceptance_rate
 
 
 class Progress:
-    """Shard-level progress with running totals; a no-op when disabled (--quiet, JSON logs)."""
+    """Shard-level progress with running totals; a no-op when disabled (--quiet, JSON logs).
 
-    def __init__(self, enabled: bool = True, stream=None):
+    On a terminal: one live bar (shards, rows, tokens/s, acceptance, failed, time left), failed
+    shards told above it. Otherwise (a log file, a pipe): the first shard's line, then one line
+    every `every_s` seconds and the last, so a job of thousands of shards writes a line a while,
+    not a line a shard; a failed shard always has its own line."""
+
+    def __init__(self, enabled: bool = True, stream=None, every_s: float = 30.0):
         # stream: the real stderr when the driver filters file descriptor 2 (logs.capture_stderr).
         # soft_wrap: a line longer than the terminal (or than 80 columns, when stderr is a file or
         # a pipe) stays one line; markup/highlight off: shard ids and errors print as they are.
@@ -25,7 +30,8 @@ class Progress:
                                force_terminal=stream.isatty())
         self.enabled = enabled and stream.isatty()  # a live bar only on a terminal; plain lines otherwise
         self.printing = enabled
-        self.rows = self.tokens = self.accepted = self.drafted = self.failed = 0
+        self.rows = self.tokens = self.accepted = self.drafted = self.failed = self.finished = self.todo = 0
+        self.every_s, self.last_line = every_s, float("-inf")
         self.t0 = time.perf_counter()
         self._bar = None
         self._task = None
@@ -45,6 +51,7 @@ class Progress:
         self.t0 = time.perf_counter()
         if self.printing:
             self.console.print(f"{len(shards)} shard(s): {len(todo)} to run, {len(shards) - len(todo)} already done")
+        self.todo = len(todo)
         if self._bar is not None:
             self._task = self._bar.add_task("shards", total=len(todo), stats="")
 
@@ -55,7 +62,9 @@ class Progress:
         self.accepted += tok.get("accepted_tokens", 0)
         self.drafted += tok.get("draft_tokens", 0)
         self.failed += m.get("status") != "done"
-        rate = self.tokens / max(time.perf_counter() - self.t0, 1e-9)
+        self.finished += 1
+        elapsed = time.perf_counter() - self.t0
+        rate = self.tokens / max(elapsed, 1e-9)
         accepted = acceptance_rate(self.accepted, self.drafted)
         acc = f"{accepted:.2f}" if accepted is not None else "-"
         stats = f"rows {self.rows}  {rate:.0f} tok/s  acceptance {acc}  failed {self.failed}"
@@ -68,8 +77,11 @@ class Progress:
             self._bar.update(self._task, advance=1, stats=stats)
             if state != "done":  # the reason, above the bar: this display is where failures are told
                 self._bar.console.print(line)
-        elif self.printing:
-            self.console.print(line)
+        elif self.printing and (state != "done" or self.finished in (1, self.todo)
+                                or elapsed - self.last_line >= self.every_s):
+            left = (self.todo - self.finished) * elapsed / self.finished
+            self.console.print(f"{line} | {self.finished}/{self.todo} shards, about {left:.0f}s left")
+            self.last_line = elapsed
 
     def summary(self, result) -> None:
         if not self.printing:
@@ -93,13 +105,21 @@ def startup_text(startup: dict | None) -> str:
     return f", of which start-up {startup['ready_s']:.1f}s ({', '.join(parts)})"
 
 
-def print_status(st: dict) -> None:
+LISTED = 50  # status lists every shard up to this many; beyond, only those not done
+
+
+def print_status(st: dict, stream=None) -> None:
     n = st["shards"]
+    shards = st["shard_list"]
+    if len(shards) > LISTED:
+        shards = [r for r in shards if r["status"] != "done"]
     table = Table(title=f"{st['name']}: {n['done']} done, {n['failed']} failed, {n['pending']} pending"
-                        f"{' (complete)' if st['complete'] else ''}; last run {st['job_status']}")
+                        f"{' (complete)' if st['complete'] else ''}; last run {st['job_status']}",
+                  caption=(f"{n['done']} done shard(s) not listed; --format json lists every shard"
+                           if len(shards) < len(st["shard_list"]) else None))
     for col in ("shard", "status", "rows", "error rows", "attempts", "error"):
         table.add_column(col)
-    for r in st["shard_list"]:
+    for r in shards:
         table.add_row(r["shard"], r["status"], str(r["rows"] or ""), str(r["error_rows"]), str(r["attempts"]),
                       (r["error"] or "")[:80])
-    Console().print(table)
+    Console(file=stream).print(table)

@@ -324,8 +324,9 @@ class OutputStore:
         except FileNotFoundError:
             return {}
         out = {}
-        for p in paths:
-            m = self.read_json(p)
+        # One cat of them all: on S3 the GETs run concurrently (1,200 one by one took 66 s here).
+        for data in self.fs.cat(paths, on_error="omit").values() if paths else ():
+            m = json.loads(data)
             if m and "shard" in m:
                 out[m["shard"]] = m
         return out

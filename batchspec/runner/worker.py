@@ -20,6 +20,7 @@ from ..policy import ActorPolicy, CostModelK, Costs, Decision, InterleavedSteps,
 from ..spec import JobSpec
 from .commit import commit_shard, committed_already, fail_shard
 from .faults import FaultPlan
+from .lease import taken_over_by
 from .logs import log_event, worker_id
 from .memory import PolicyMemory
 from .plan import Shard
@@ -113,6 +114,10 @@ class ShardRunner:
         still profiled, decided, committed and retried alone). Any failure fails its shard alone (all shards of a shared call
         when the call itself fails): the manifest records the error, when the store can be reached
         at all, and the actor moves on."""
+        holder = taken_over_by(self.store, self.job_id)
+        if holder:  # the run that holds the output does these; nothing is written for them here
+            return [{"shard": s.shard, "status": "failed", "error": f"not run: job {holder} took the output over"}
+                    for s in shards]
         out: dict[str, dict] = {}
         works = []
         for shard in shards:
