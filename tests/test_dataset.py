@@ -11,7 +11,9 @@ from batchspec.runner.dataset import CrashLedger, run_calls
 
 @pytest.fixture()
 def ledger(tmp_path):
-    return CrashLedger(str(tmp_path / "crashes"))
+    from batchspec.runner.store import OutputStore
+
+    return CrashLedger(OutputStore(str(tmp_path / "out")), "job")
 
 
 def failed(batch, why):
@@ -37,7 +39,7 @@ def test_every_batch_comes_back_once_and_a_raising_call_fails_only_its_batch(ray
     assert [got[s]["status"] for s in ("bad", "c")] == ["failed", "failed"]
     assert got["bad"]["error"] == "ValueError: row 3 is not a prompt"
     assert all(got[s]["status"] == "done" for s in "abdef")  # the actor that raised kept working
-    assert not (tmp_path / "crashes").exists()  # nothing crashed, nothing written
+    assert not (tmp_path / "out" / "_batchspec" / "crashes").exists()  # nothing crashed, nothing written
 
 
 def test_an_actor_that_cannot_start_fails_every_batch_in_one_line_and_does_not_hang(ray_session, ledger):
@@ -80,7 +82,7 @@ def test_a_call_that_kills_its_actor_every_time_fails_only_the_shard_that_does(r
     assert sorted(got) == ["boom", "g", "h"] and len(results) == 2
     assert got["g"]["status"] == got["h"]["status"] == "done"
     assert got["boom"]["status"] == "failed" and got["boom"]["error"].startswith("the shard killed its actor 3 times")
-    [entry] = [json.loads(p.read_text()) for p in (tmp_path / "crashes").iterdir()]
+    [entry] = [json.loads(p.read_text()) for p in (tmp_path / "out" / "_batchspec" / "crashes" / "job").iterdir()]
     assert entry == {"deaths": 6, "running": None, "alone": {"boom": 3}}
 
 

@@ -120,9 +120,9 @@ def test_rerun_redoes_only_missing_shards(models_dir, ray_session, tmp_path, mon
     looked, listed, real_names = [], [], stores.part_names
     with monkeypatch.context() as m:
         m.setattr(OutputStore, "part_info", lambda self, shard, manifest=None: looked.append(shard))
-        m.setattr(stores, "part_names", lambda store, legacy=False: listed.append(legacy) or real_names(store, legacy))
+        m.setattr(stores, "part_names", lambda store, manifests: listed.append(len(manifests)) or real_names(store, manifests))
         assert prepare(spec)[2] == []
-    assert looked == [] and listed == [False]
+    assert looked == [] and listed == [3]
     nothing = submit(spec)
     assert nothing.done == [] and _mtimes(out) == after
     assert nothing.startup is None  # no actor was started, so no start-up to pay or report

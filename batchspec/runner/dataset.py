@@ -1,7 +1,7 @@
 """Shard calls through Ray Data: a dataset of calls, map_batches onto a pool of shard actors.
 
     for manifests in run_calls(ShardWorker, calls, size=2, actor_options={"num_cpus": 2},
-                               init_kwargs={...}, ledger=(url, storage_options),
+                               init_kwargs={...}, ledger=CrashLedger(store, job_id),
                                failed=lambda call, why: [...]):
         ...  # the manifests of one call, in finishing order; failed(call, why) for a call no actor ran
 
@@ -31,9 +31,12 @@ import hashlib
 import json
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import error_line
+
+if TYPE_CHECKING:
+    from .store import OutputStore
 
 ATTEMPTS = 3  # a call (then a shard alone) that kills its actor this many times is given up
 KILLED = (f"the shard killed its actor {ATTEMPTS} times (out of memory, or a native crash on its input); "
@@ -42,34 +45,23 @@ KILLED = (f"the shard killed its actor {ATTEMPTS} times (out of memory, or a nat
 
 class CrashLedger:
     """What a call's restarted actors know of its crashes: one small JSON file per call that killed
-    an actor, under `url` (the run's folder in the output), written only by an actor that was
-    restarted, so a run without crashes writes nothing. {"deaths": n, "running": shard run alone
-    when the actor died, or null, "alone": {shard: deaths while run alone}}."""
+    an actor, in the output's `_batchspec/crashes/<job_id>/`, written (through the store, whole or
+    not at all) only by an actor that was restarted, so a run without crashes writes nothing.
+    {"deaths": n, "running": shard run alone when the actor died, or null, "alone": {shard: deaths
+    while run alone}}."""
 
-    def __init__(self, url: str, storage_options: dict | None = None):
-        self.url, self.storage_options = url.rstrip("/"), storage_options or {}
+    def __init__(self, store: OutputStore, job_id: str):
+        self.store, self.job_id = store, job_id
 
     def _path(self, call: list) -> str:
         key = hashlib.sha256(json.dumps(call, sort_keys=True).encode()).hexdigest()[:24]
-        return f"{self.url}/{key}.json"
+        return self.store.meta_path("crashes", self.job_id, f"{key}.json")
 
     def read(self, call: list) -> dict:
-        import fsspec
-
-        fs, path = fsspec.core.url_to_fs(self._path(call), **self.storage_options)
-        try:
-            with fs.open(path, "r") as f:
-                return json.load(f)
-        except FileNotFoundError:
-            return {"deaths": 0, "running": None, "alone": {}}
+        return self.store.read_json(self._path(call)) or {"deaths": 0, "running": None, "alone": {}}
 
     def write(self, call: list, entry: dict) -> None:
-        import fsspec
-
-        fs, path = fsspec.core.url_to_fs(self._path(call), **self.storage_options)
-        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        with fs.open(path, "w") as f:
-            json.dump(entry, f)
+        self.store.write_json(self._path(call), entry)
 
 
 class CallMap:

@@ -534,7 +534,7 @@ def _dispatch(plan: RunPlan, result: JobResult) -> dict[str, str | None]:
     actor_options = {"num_cpus": res.cpus_per_actor, "num_gpus": res.gpus_per_actor or None,
                      **actor_runtime_env(actor_env_vars(backend.name, threads))}
     init_kwargs = {"spec_json": spec.model_dump_json(), "job_id": job_id, "threads": threads, "backend": backend.name}
-    ledger = CrashLedger(f"{spec.output.path.rstrip('/')}/_batchspec/crashes/{job_id}", spec.output.storage_options)
+    ledger = CrashLedger(plan.store, job_id)
     for manifests_of_call in run_calls(ShardWorker, batches, res.actors, actor_options, init_kwargs, ledger,
                                        failed=lambda batch, why: [failed_manifest(s["shard"], why) for s in batch]):
         for manifest in manifests_of_call:
@@ -560,7 +560,7 @@ def _tally(plan: RunPlan, result: JobResult, reported: dict[str, str | None]) ->
     """Count what is done from the manifests, re-read: they are the truth, not what came back
     through Ray."""
     manifests = plan.store.manifests()
-    parts = part_names(plan.store, legacy=True)
+    parts = part_names(plan.store, manifests)
     for s in plan.shards:
         m = manifests.get(s.shard)
         if plan.store.shard_done(s, m, parts=parts):

@@ -343,7 +343,7 @@ class OutputStore:
 
     def committed_manifests(self, manifests: dict[str, dict]) -> dict[str, dict]:
         """The manifests of committed shards, with every part looked up in one listing."""
-        parts = part_names(self, legacy=any("/" not in m.get("part", "data/") for m in manifests.values()))
+        parts = part_names(self, manifests)
         return {s: m for s, m in manifests.items() if self.committed(s, m, parts)}
 
     def shard_done(self, shard: Shard, manifest: dict | None, spec_hash: str | None = None,
@@ -377,10 +377,11 @@ class OutputStore:
             return pq.ParquetFile(f).read(columns=list(columns) if columns else None, use_threads=False)
 
 
-def part_names(store: OutputStore, legacy: bool = False) -> set[str]:
+def part_names(store: OutputStore, manifests: dict[str, dict]) -> set[str]:
     """The part files under the output, named as manifests name them (data/part-….parquet), from
-    one listing of data/ (a LIST request per 1,000 parts on S3); with legacy, also the parts an
-    output written before data/ keeps at its top."""
+    one listing of data/ (a LIST request per 1,000 parts on S3); the output's top is listed too
+    only when a manifest names a part there (an output written before data/)."""
+    legacy = any("/" not in m.get("part", "data/") for m in manifests.values())
     out: set[str] = set()
     for folder, prefix in [("data", "data/"), *([("", "")] if legacy else [])]:
         path = f"{store.root}/{folder}".rstrip("/")
