@@ -19,6 +19,7 @@ import socket
 import sys
 import threading
 import time
+from typing import TextIO
 
 _FORMAT_ENV = "BATCHSPEC_LOG_FORMAT"
 # Third-party loggers that print on the driver: quiet them to warnings and, in JSON mode, route
@@ -72,6 +73,12 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+# (format, foreign level) of the last configure(); what quiet_foreign_loggers re-applies.
+_configured: tuple[str, str] = ("text", "WARNING")
+# The real stderr once capture_stderr has put its filter on file descriptor 2.
+_real_stderr: TextIO | None = None
+
+
 def _handler(fmt: str) -> logging.Handler:
     handler = _StderrHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
@@ -89,7 +96,8 @@ def configure(fmt: str = "text", level: str = "INFO", foreign_level: str = "WARN
     root.setLevel(level)
     root.propagate = False
     logging.captureWarnings(True)
-    configure.state = (fmt, foreign_level)
+    global _configured
+    _configured = (fmt, foreign_level)
     for name in _FOREIGN:
         _take_over(logging.getLogger(name), fmt, foreign_level)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error" if foreign_level != "INFO" else "warning")
@@ -106,7 +114,7 @@ def _take_over(logger: logging.Logger, fmt: str, level: str) -> None:
 
 def quiet_foreign_loggers() -> None:
     """Run after `import ray`, ray.init and `import ray.data`: each installs Ray's own console handlers."""
-    fmt, level = getattr(configure, "state", ("text", "WARNING"))
+    fmt, level = _configured
     for name in ("ray", "ray.data"):
         _take_over(logging.getLogger(name), fmt, level)
     logging.getLogger("ray.data").handlers[-1].addFilter(_drop_handled)  # records of its child loggers too
@@ -165,12 +173,14 @@ def capture_stderr(fmt: str):
     pass, the rest are wrapped as {"level": "INFO", "logger": "stderr", "msg": line}). One pipe
     keeps the order. Returns a stream on the real stderr, for the live progress display, or None
     when stderr is not the process's own (under a test runner) and nothing was changed."""
-    if getattr(capture_stderr, "real", None) is not None:
-        return capture_stderr.real
-    if sys.stderr is not sys.__stderr__:
+    global _real_stderr
+    if _real_stderr is not None:
+        return _real_stderr
+    err = sys.stderr
+    if err is not sys.__stderr__ or err is None:
         return None
     try:
-        sys.stderr.flush()
+        err.flush()
         real = os.dup(2)
     except (OSError, ValueError):
         return None
@@ -180,14 +190,14 @@ def capture_stderr(fmt: str):
     os.close(write_fd)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     out = os.fdopen(real, "w", buffering=1)
-    out.isatty = lambda: tty  # the progress display draws a live bar only on a terminal
+    # A method replaced (setattr: mypy refuses the assignment): the progress display draws a live
+    # bar only on a terminal.
+    setattr(out, "isatty", lambda: tty)  # noqa: B010
 
     def emit(line: str) -> None:
-        if fmt == "json":
-            line = json_line(line)
-            if line is None:
-                return
-        out.write(line + "\n")
+        shown = json_line(line) if fmt == "json" else line
+        if shown is not None:
+            out.write(shown + "\n")
 
     def pump():
         # Ray's C++ core repeats a line once a second while it retries (a cluster whose token does
@@ -223,7 +233,7 @@ def capture_stderr(fmt: str):
     import atexit
 
     atexit.register(drain)
-    capture_stderr.real = out
+    _real_stderr = out
     return out
 
 
