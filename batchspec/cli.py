@@ -57,8 +57,9 @@ def _run(job: str, overrides: list[str], address: str | None, force: bool, quiet
     real_stderr = capture_stderr(log_format)
     configure(log_format, "WARNING" if quiet or log_format == "text" else "INFO")
     spec = _load(job, overrides)
-    from .runner.job import JobInterrupted, JobRefused, submit
+    from .runner.job import submit
     from .runner.lease import LeaseLost
+    from .runner.outcome import JobInterrupted, JobRefused
     from .runner.plan import PlanError
     from .runner.progress import Progress
 
@@ -249,7 +250,7 @@ def status(
     "error_rows", "shard_list": [...]}. complete is true only when every planned shard is
     committed. Exit code 0 when complete, 1 otherwise, 2 on a usage error.
     """
-    from .runner.job import status as job_status
+    from .runner.record import status as job_status
 
     if fmt not in ("table", "json"):
         _die(f"--format must be table or json, not {fmt!r}")

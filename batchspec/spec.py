@@ -116,7 +116,12 @@ class SpeculationSpec(_Strict):
 
 
 class ResourcesSpec(_Strict):
-    actors: int = Field(1, ge=1, description="Generation actors (each loads the target and draft once).")
+    actors: int = Field(1, ge=1, description="Generation actors (each loads the target and draft once); with "
+                        "max_actors, the fewest the pool keeps.")
+    max_actors: int | None = Field(
+        None, ge=1, description="Let Ray Data grow the pool from `actors` up to this many while every actor is busy and "
+        "the cluster has room for another (an autoscaling cluster adds nodes for them), and shrink it back as the job "
+        "drains. Default: a fixed pool of `actors`.")
     gpus_per_actor: float = Field(0, ge=0, description="GPUs per actor; 0 = CPU actors.")
     cpus_per_actor: float = Field(1, gt=0, description="CPUs reserved per actor.")
     batch_size: int = Field(8, ge=1, description="Rows per micro-batch inside a shard (hf backend); on vllm, the size of "
@@ -125,6 +130,14 @@ class ResourcesSpec(_Strict):
         None, ge=1, description="Shards an actor takes at a time. Default: 1 on hf; on vllm, consecutive shards until "
         "the call holds 8 of them and as many rows as vLLM runs at once (max_num_seqs, 256), never more than an equal "
         "share of the job's shards per actor, so that shards with the same decision share one engine call.")
+
+
+    @model_validator(mode="after")
+    def _pool_bounds(self):
+        if self.max_actors is not None and self.max_actors < self.actors:
+            raise ValueError(f"max_actors ({self.max_actors}) is fewer than actors ({self.actors}), the fewest the "
+                             "pool keeps: raise max_actors, or leave it out for a fixed pool")
+        return self
 
 
 class CostSpec(_Strict):

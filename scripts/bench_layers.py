@@ -51,7 +51,7 @@ def run(job, out):
 
 if where == "ray":
     import ray
-    from batchspec.runner.job import actor_env_vars, init_ray
+    from batchspec.runner.cluster import actor_env_vars, init_ray
     init_ray(num_cpus=2, worker_env=actor_env_vars("vllm", 2))
     try:
         res = ray.get(ray.remote(num_cpus=2)(run).remote(job, out))

@@ -36,7 +36,8 @@ def main() -> None:
     from batchspec.demo.corpus import PROMPT, examples
     from batchspec.demo.setup import build_demo_model
     from batchspec.engine import DraftSpec, Engine
-    from batchspec.runner.job import init_ray, submit
+    from batchspec.runner.cluster import init_ray
+    from batchspec.runner.job import submit
     from batchspec.spec import spec_from_dict
 
     model = str(build_demo_model())

@@ -131,7 +131,7 @@ def ray_session(fault_file):
     `batchspec submit`'s own local Ray gives them for a vllm job (init_ray's worker_env)."""
     import ray
 
-    from batchspec.runner.job import actor_env_vars, init_ray
+    from batchspec.runner.cluster import actor_env_vars, init_ray
 
     os.environ["BATCHSPEC_FAULT_FILE"] = str(fault_file)
     init_ray(num_cpus=2, worker_env=actor_env_vars("vllm", 2))

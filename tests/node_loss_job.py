@@ -20,7 +20,8 @@ os.environ["BATCHSPEC_FAULT_FILE"] = fault_file
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from batchspec.runner.job import init_ray, submit  # noqa: E402
+from batchspec.runner.cluster import init_ray  # noqa: E402
+from batchspec.runner.job import submit  # noqa: E402
 from batchspec.spec import spec_from_dict  # noqa: E402
 
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})

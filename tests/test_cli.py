@@ -222,11 +222,11 @@ def test_a_run_started_with_sigint_ignored_keeps_ignoring_it():
     """A background job of a shell without job control starts with SIGINT ignored, and Python
     raises no KeyboardInterrupt then; the deferral around Ray's start must not install a handler
     that undoes it (the run would stop at a Ctrl-C meant for the shell's foreground job)."""
-    from batchspec.runner.job import _ctrl_c_kept
+    from batchspec.runner.signals import ctrl_c_kept
 
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        with _ctrl_c_kept():
+        with ctrl_c_kept():
             assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.05)
@@ -389,7 +389,7 @@ def test_a_cluster_that_does_not_answer_is_refused_at_once(models_dir, tmp_path)
     running. Now one line, exit 2, in the time of one connection attempt, and nothing recorded."""
     import socket
 
-    from batchspec.runner.job import cluster_unreachable
+    from batchspec.runner.cluster import cluster_unreachable
 
     with socket.socket() as s:  # a port nothing listens on once this closes
         s.bind(("127.0.0.1", 0))

@@ -20,7 +20,8 @@ def failed(batch, why):
     return [{"shard": s, "status": "failed", "error": why} for s in batch]
 
 
-def test_every_batch_comes_back_once_and_a_raising_call_fails_only_its_batch(ray_session, ledger, tmp_path):
+@pytest.mark.parametrize("per_block", [1, 3])
+def test_every_batch_comes_back_once_and_a_raising_call_fails_only_its_batch(ray_session, ledger, tmp_path, per_block):
     class Worker:  # defined here so that Ray ships it by value to its workers
         def __init__(self, tag):
             self.tag = tag
@@ -32,7 +33,7 @@ def test_every_batch_comes_back_once_and_a_raising_call_fails_only_its_batch(ray
 
     batches = [["a", "b"], ["bad", "c"], ["d"], ["e", "f"]]
     results = list(run_calls(Worker, batches, size=2, actor_options={"num_cpus": 0}, init_kwargs={"tag": "w"},
-                            ledger=ledger, failed=failed))
+                            ledger=ledger, failed=failed, per_block=per_block))
 
     got = {m["shard"]: m for ms in results for m in ms}
     assert len(results) == 4 and sorted(got) == ["a", "b", "bad", "c", "d", "e", "f"]
@@ -61,11 +62,14 @@ def test_an_actor_that_cannot_start_fails_every_batch_in_one_line_and_does_not_h
         assert m["error"].startswith("shard actor died: ") and "no such device: cuda:7" in m["error"], m["error"]
 
 
-def test_a_call_that_kills_its_actor_every_time_fails_only_the_shard_that_does(ray_session, ledger, tmp_path):
-    """Ray restarts the actor and retries the call (ATTEMPTS in all); a call that still does not
-    kills it ATTEMPTS times runs shard by shard, so the other shard of that call is done, and the
-    one that crashes fails in one line, after ATTEMPTS more deaths alone. The restarted actors
-    count the deaths in the ledger; a run without crashes writes none."""
+@pytest.mark.parametrize("per_block", [1, 2])
+def test_a_call_that_kills_its_actor_every_time_fails_only_the_shard_that_does(ray_session, ledger, tmp_path,
+                                                                               per_block):
+    """Ray restarts the actor and retries the call's block (ATTEMPTS in all); a block that still
+    kills it ATTEMPTS times runs shard by shard, so the other shards are done, and the one that
+    crashes fails in one line, after ATTEMPTS more deaths alone. The restarted actors count the
+    deaths in the ledger, per block (with two calls a block, the call after the crashing one is
+    retried with it, and the count is the same); a run without crashes writes none."""
     class Crashing:
         def run(self, batch):
             if "boom" in batch:
@@ -75,8 +79,7 @@ def test_a_call_that_kills_its_actor_every_time_fails_only_the_shard_that_does(r
             return [{"shard": s, "status": "done"} for s in batch]
 
     results = list(run_calls(Crashing, [["boom", "g"], ["h"]], size=1, actor_options={"num_cpus": 0},
-                             init_kwargs={}, ledger=ledger,
-                             failed=failed))
+                             init_kwargs={}, ledger=ledger, failed=failed, per_block=per_block))
 
     got = {m["shard"]: m for ms in results for m in ms}
     assert sorted(got) == ["boom", "g", "h"] and len(results) == 2
@@ -86,12 +89,33 @@ def test_a_call_that_kills_its_actor_every_time_fails_only_the_shard_that_does(r
     assert entry == {"deaths": 6, "running": None, "alone": {"boom": 3}}
 
 
+def test_a_pool_given_a_maximum_grows_while_every_actor_is_busy_and_a_fixed_pool_does_not(ray_session, ledger):
+    """resources.max_actors: Ray Data adds actors (up to max_size) while calls wait and every
+    actor is busy; without it the pool stays at size. Every call still comes back once."""
+    class Slow:
+        def run(self, batch):
+            import os
+            import time
+
+            time.sleep(0.4)
+            return [{"shard": s, "status": "done", "pid": os.getpid()} for s in batch]
+
+    def pids(**pool):
+        results = list(run_calls(Slow, [[f"s{i}"] for i in range(12)], actor_options={"num_cpus": 0}, init_kwargs={},
+                                 ledger=ledger, failed=failed, **pool))
+        got = [m for ms in results for m in ms]
+        assert sorted(m["shard"] for m in got) == sorted(f"s{i}" for i in range(12))
+        return {m["pid"] for m in got}
+
+    assert len(pids(size=1)) == 1
+    assert 2 <= len(pids(size=1, max_size=3)) <= 3
+
+
 def test_vllm_calls_hold_enough_rows_for_vllms_batch_and_at_most_an_actors_share():
     """plan_calls: many small files fill vLLM's batch (256 rows by default) instead of 8 shards a
     call; large shards still go 8 a call; an actor never takes more than its equal share; hf and
     an explicit shards_per_call are a fixed count."""
-    from batchspec.runner.job import plan_calls
-    from batchspec.runner.plan import Shard
+    from batchspec.runner.plan import Shard, plan_calls
     from batchspec.spec import ResourcesSpec
 
     def shards(n, rows):
@@ -106,6 +130,22 @@ def test_vllm_calls_hold_enough_rows_for_vllms_batch_and_at_most_an_actors_share
     assert sizes(plan_calls(shards(4, 24), "vllm", one, {})) == [4]
     assert sizes(plan_calls(shards(32, 192), "vllm", one, {})) == [8, 8, 8, 8]
     assert sizes(plan_calls(shards(10, 2), "vllm", ResourcesSpec(actors=2), {})) == [5, 5]
+    assert sizes(plan_calls(shards(12, 2), "vllm", ResourcesSpec(actors=1, max_actors=3), {})) == [4, 4, 4]
     calls = plan_calls(shards(5, 2), "hf", one, {})
     assert sizes(calls) == [1] * 5 and [s.shard for c in calls for s in c] == [f"s{i}" for i in range(5)]
     assert sizes(plan_calls(shards(7, 500), "vllm", ResourcesSpec(actors=1, shards_per_call=3), {})) == [3, 3, 1]
+
+
+def test_calls_of_few_rows_go_several_to_a_ray_data_task_while_every_actor_keeps_tasks_to_take():
+    """plan.calls_per_block: a task holds calls until it has BLOCK_ROWS rows, never so many that
+    the job has fewer than BLOCKS_PER_ACTOR tasks per actor; calls of many rows go one a task."""
+    from batchspec.runner.plan import Shard, calls_per_block
+
+    def calls(n, rows):
+        return [[Shard(f"s{i}", f"/in/s{i}.parquet", 0, rows, {})] for i in range(n)]
+
+    assert calls_per_block(calls(10000, 2), actors=1) == 128
+    assert calls_per_block(calls(1200, 20), actors=1) == 13
+    assert calls_per_block(calls(1200, 20), actors=100) == 3  # 400 tasks: 4 an actor
+    assert calls_per_block(calls(50, 2000), actors=1) == 1
+    assert calls_per_block(calls(3, 1), actors=1) == 1 and calls_per_block([], actors=1) == 1

@@ -92,7 +92,7 @@ def test_driver_killed_mid_job_then_rerun(models_dir, ray_session, tmp_path, fau
     deadline = time.time() + 120
     while len(list((out / "data").glob("part-*.parquet"))) < 2 and time.time() < deadline:
         time.sleep(0.2)
-    from batchspec.runner.job import JobRefused
+    from batchspec.runner.outcome import JobRefused
 
     with pytest.raises(JobRefused, match="in use by job"):  # a second submit while the first is live
         submit(spec)

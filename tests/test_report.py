@@ -108,7 +108,7 @@ def test_report_and_status_read_stats_columns_and_list_parts_once(tmp_path, monk
     still seen as missing."""
     import pyarrow.parquet as pq
 
-    from batchspec.runner.job import status
+    from batchspec.runner.record import status
 
     store = OutputStore(str(tmp_path / "out"))
     write_fixture(store)

@@ -10,8 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import local_writer, part_ids, record_fault, result_of, s3_writer, write_prompt_shards
 
-from batchspec.runner.job import JobRefused, prepare, status, submit
+from batchspec.runner.job import prepare, submit
+from batchspec.runner.outcome import JobRefused
 from batchspec.runner.progress import startup_text
+from batchspec.runner.record import status
 from batchspec.runner.store import OUTPUT_SCHEMA, OutputStore
 from batchspec.spec import spec_from_dict
 
@@ -146,6 +148,9 @@ def test_a_run_records_its_start_up_apart(models_dir, ray_session, tmp_path):
     assert all("actor_start" not in m for m in OutputStore(str(tmp_path / "out")).manifests().values())
     assert startup_text(result.startup) == (f", of which start-up {start['ready_s']:.1f}s "
                                             f"(engine load {start['load_s']:.1f}s)")
+    stats = OutputStore(str(tmp_path / "out")).read_json(str(tmp_path / "out/_batchspec/stats" / f"{result.job_id}.json"))
+    assert stats["job_id"] == result.job_id  # Ray Data's own account of the run, kept beside it
+    assert any(line.startswith("Operator 1 MapBatches(CallMap): 2 tasks executed") for line in stats["ray_data"])
 
 
 def test_rerun_with_changed_spec_is_refused_unless_forced(models_dir, ray_session, tmp_path):
@@ -460,8 +465,8 @@ def test_a_run_whose_lease_another_run_takes_over_stops_before_its_next_shard(mo
     import time
 
     from batchspec.runner import lease as lease_mod
-    from batchspec.runner.job import JobInterrupted
     from batchspec.runner.lease import Lease, LeaseLost
+    from batchspec.runner.outcome import JobInterrupted
 
     monkeypatch.setattr(lease_mod, "HEARTBEAT_S", 0.1)
     write_prompt_shards(local_writer(tmp_path / "in"), 5, 2)
@@ -704,7 +709,7 @@ def test_shard_actors_run_at_the_drivers_niceness_not_rays_15(models_dir, ray_se
 
 ACTOR_ENV = r"""
 import json, os, ray
-from batchspec.runner.job import actor_runtime_env, init_ray
+from batchspec.runner.cluster import actor_runtime_env, init_ray
 
 @ray.remote(num_cpus=1)
 class Probe:

@@ -194,3 +194,11 @@ def test_prompt_template_and_chat_format(models_dir):
     assert rows[0].prompt == "<|bos|>user\nhi\n<|bos|>assistant\n" and rows[0].error is None
     assert rows[1].error == "empty chat prompt"
     assert rows[2].error.startswith("chat prompt must be a list")
+
+
+def test_max_actors_below_actors_is_refused_with_what_to_do():
+    from batchspec.spec import ResourcesSpec
+
+    assert ResourcesSpec(actors=2, max_actors=4).max_actors == 4
+    with pytest.raises(ValueError, match=r"max_actors \(1\) is fewer than actors \(2\).*leave it out for a fixed pool"):
+        ResourcesSpec(actors=2, max_actors=1)
