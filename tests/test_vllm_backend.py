@@ -615,7 +615,7 @@ def test_auto_policy_on_vllm_looks_at_each_shards_rows_then_decides_each_shard(v
 
     spec = _demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto")
     runner = ShardRunner(spec, "job-1", engine=vllm_backend)
-    assert runner.learns_costs and not runner.calibrate
+    assert runner.learns_costs and not runner.calls.calibrate
     shards = plan_shards(spec.input.path)
     calls = _calls(monkeypatch, vllm_backend)
     manifests = runner.run_many(shards)
