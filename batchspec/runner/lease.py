@@ -64,11 +64,20 @@ def _process_started(pid: int) -> float | None:
         return None
 
 
+def lease_path(store: OutputStore) -> str:
+    return store.meta_path("lease.json")
+
+
+def read_lease(store: OutputStore) -> dict | None:
+    """The output's lease record, or None when no run holds it."""
+    return store.read_json(lease_path(store))
+
+
 def taken_over_by(store: OutputStore, job_id: str) -> str | None:
     """The job that holds the output's lease now, when it is not job_id (None when job_id holds it,
     or nothing does). What a shard actor asks before each call: Ray Data runs calls ahead of the
     driver, so the driver's own check after each call would come after the next ones started."""
-    held = store.read_json(store.meta_path("lease.json"))
+    held = read_lease(store)
     return held["job_id"] if held and held.get("job_id") not in (None, job_id) else None
 
 
@@ -106,7 +115,7 @@ class Lease:
         self.store, self.job_id = store, job_id
         self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         self.heartbeat_s = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
-        self.path = store.meta_path("lease.json")
+        self.path = lease_path(store)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost: str | None = None  # who took the lease over from this run (--force, or stale)

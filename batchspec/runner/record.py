@@ -57,7 +57,7 @@ def status(output: str, storage_options: dict | None = None) -> dict:
     complete: every shard the job planned is committed (manifest says done and its part exists),
     whatever _SUCCESS says: a part deleted after the run makes the job incomplete again.
     """
-    from .lease import takeover_reason
+    from .lease import read_lease, takeover_reason
 
     store = OutputStore(output, storage_options)
     job = store.read_job()
@@ -77,7 +77,7 @@ def status(output: str, storage_options: dict | None = None) -> dict:
     counts = {k: sum(r["status"] == k for r in rows) for k in ("done", "failed", "pending")}
     job_status = job.get("status")
     if job_status == "running":
-        held = store.read_json(store.meta_path("lease.json"))
+        held = read_lease(store)
         if not held or takeover_reason(held):
             job_status = "stopped"  # its driver died without recording an end; rerun finishes it
     return {"name": job.get("name"), "output": output, "job_status": job_status,
