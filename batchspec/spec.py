@@ -131,6 +131,10 @@ class ResourcesSpec(_Strict):
         "the call holds 8 of them and as many rows as vLLM runs at once (max_num_seqs, 256), never more than an equal "
         "share of the job's shards per actor, so that shards with the same decision share one engine call.")
 
+    @property
+    def most_actors(self) -> int:
+        """The most actors the pool may hold: max_actors when it may grow, else actors."""
+        return self.max_actors or self.actors
 
     @model_validator(mode="after")
     def _pool_bounds(self):

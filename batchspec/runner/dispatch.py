@@ -96,7 +96,7 @@ def _dispatch(plan: RunPlan, result: JobResult) -> dict[str, str | None]:
     for manifests_of_call in run_calls(ShardWorker, batches, res.actors, actor_options, init_kwargs, ledger,
                                        failed=lambda batch, why: [failed_manifest(s["shard"], why) for s in batch],
                                        max_size=res.max_actors, stats=lambda text: _keep_stats(plan, text),
-                                       per_block=calls_per_block(calls, res.max_actors or res.actors)):
+                                       per_block=calls_per_block(calls, res.most_actors)):
         for manifest in manifests_of_call:
             start = manifest.pop(ACTOR_START, None)
             if start:  # ready_s: on a cluster, within the clocks' skew

@@ -168,7 +168,7 @@ def plan_calls(todo: list[Shard], backend: str, res, vllm_args: dict) -> list[li
     if res.shards_per_call or backend != "vllm":
         n = res.shards_per_call or 1
         return [todo[i:i + n] for i in range(0, len(todo), n)]
-    share, rows_wanted = -(-len(todo) // (res.max_actors or res.actors)), int(vllm_args.get("max_num_seqs", 256))
+    share, rows_wanted = -(-len(todo) // res.most_actors), int(vllm_args.get("max_num_seqs", 256))
     calls, call, rows = [], [], 0
     for shard in todo:
         call.append(shard)
