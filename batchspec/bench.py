@@ -26,10 +26,9 @@ from pathlib import Path
 
 import torch
 
-from .engine import DraftSpec, Engine, FixedK, GenerationConfig, SamplingParams
-from .engine.api import AdaptiveK
-from .engine.engine import measure_costs
-from .engine.generate import generate
+from .engine.api import AdaptiveK, FixedK, SamplingParams
+from .engine.engine import DraftSpec, Engine, measure_costs
+from .engine.generate import GenerationConfig, generate
 from .policy import Costs, LengthProfile, Policy, expected_tokens
 from .rates import acceptance_rate, mean_acceptance_length, per_token_acceptance
 from .runner.checkpoints import cache_root, fetch_prefix
@@ -82,7 +81,9 @@ def run_bench(cfg: BenchConfig, echo: Callable[[str], None] = print) -> dict:
     echo(f"target {target} ({n_params / 1e6:.1f}M parameters, {model.dtype}), draft {engine.draft_source}, "
          f"{where}, max_new_tokens {cfg.max_new_tokens}")
     config = GenerationConfig(cfg.max_new_tokens, SamplingParams(), eos_token_ids=(), pad_token_id=tok.pad_token_id)
-    results, policy_rows, failed = [], [], []
+    results: list[dict] = []
+    policy_rows: list[dict] = []
+    failed: list[dict] = []
     for bs in cfg.batch_sizes:
         prompts = bench_prompts(bs, cfg.prompt_words)
         ids = engine.tokenize(prompts)
@@ -215,16 +216,16 @@ def _row(name: str, bs: int, reps: list[dict], plain_tps: float, plain_decode_tp
 
 
 def _policy_view(costs: dict, results: list[dict], bs: int, ids, cfg: BenchConfig) -> dict:
-    policy = Policy("auto", k_default=4)
-    policy.calibrate(Costs(**costs))
+    policy, measured = Policy("auto", k_default=4), Costs(**costs)
+    policy.calibrate(measured)
     spec_rows = [r for r in results if r["batch_size"] == bs and "alpha" in r]
     alpha = statistics.fmean(r["alpha"] for r in spec_rows) if spec_rows else None
     if alpha is not None:
         policy.prior.accepted, policy.prior.trials = alpha * 100, 100
     profile = LengthProfile([len(i) for i in ids], cfg.max_new_tokens)
     d = policy.decide(profile, None)
-    return {"batch_size": bs, "costs": costs, "c": policy.costs.c,
-            "v": {k: policy.costs.v(k) for k in sorted(costs["verify_s"])}, "alpha": alpha,
+    return {"batch_size": bs, "costs": costs, "c": measured.c,
+            "v": {k: measured.v(k) for k in sorted(costs["verify_s"])}, "alpha": alpha,
             "predicted_by_k": {k: policy.predict(profile, alpha or 1.0, k) for k in range(1, 9)},
             "decision": d.to_json()}
 

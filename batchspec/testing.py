@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 # Words for the tokenizer's training text: legal-flavoured English plus digits and punctuation,
 # so the demo's contracts and the tests' prompts tokenize into a realistic number of tokens.
@@ -403,36 +404,36 @@ def build_learned_draft(out_dir: str | Path, target_dir: str | Path, kind: str, 
     head = target.get_output_embeddings().weight
     torch.manual_seed(seed)
     if kind == "medusa":
-        module = MedusaHeads(head.shape[1], head.shape[0], heads)
+        medusa = MedusaHeads(head.shape[1], head.shape[0], heads)
         with torch.no_grad():
-            for h in module.heads:
+            for h in medusa.heads:
                 h[0].linear.weight.normal_(0, 0.02 if copy_next else 0.5)
                 h[-1].weight.copy_(head if copy_next else torch.randn_like(head) * head.std())
-        save_medusa(module, out_dir, str(target_dir))
+        save_medusa(medusa, out_dir, str(target_dir))
     elif kind == "eagle":
-        module = EagleModel(target.config.get_text_config(), reference_layout=reference_layout)
+        eagle = EagleModel(target.config.get_text_config(), reference_layout=reference_layout)
         if copy_next:
             H = head.shape[1]
             with torch.no_grad():
-                module.fc.weight.zero_()
-                module.fc.weight[:, H:] = torch.eye(H)
-                module.fc.bias.zero_()
-                layer = module.decoder.layers[0]
+                eagle.fc.weight.zero_()
+                eagle.fc.weight[:, H:] = torch.eye(H)
+                eagle.fc.bias.zero_()
+                layer: Any = eagle.decoder.layers[0]  # a LlamaDecoderLayer
                 layer.self_attn.o_proj.weight.zero_()
                 layer.mlp.down_proj.weight.zero_()
         if reference_layout:
-            state = {k.removeprefix("decoder."): v for k, v in module.state_dict().items()
+            state = {k.removeprefix("decoder."): v for k, v in eagle.state_dict().items()
                      if not k.startswith(("decoder.embed_tokens", "decoder.norm", "decoder.rotary"))}
             state["embed_tokens.weight"] = torch.randn(head.shape[0], head.shape[1])
             out_dir.mkdir(parents=True, exist_ok=True)
             torch.save(state, out_dir / "pytorch_model.bin")
-            module.config.save_pretrained(out_dir)
+            eagle.config.save_pretrained(out_dir)
             cfg = json.loads((out_dir / "config.json").read_text())
             # As published EAGLE-1 configs: the target's vocabulary (vLLM sizes its embedding from it).
             cfg.update(vocab_size=head.shape[0], architectures=["LlamaForCausalLM"])
             (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
         else:
-            save_eagle(module, out_dir, str(target_dir))
+            save_eagle(eagle, out_dir, str(target_dir))
     else:
         V, H = head.shape
         n = target.config.get_text_config().num_hidden_layers
@@ -440,14 +441,14 @@ def build_learned_draft(out_dir: str | Path, target_dir: str | Path, kind: str, 
         # the target's own norm and head rows (from_target's start) give back the token fed.
         layers = (n,) if copy_next else default_feature_layers(n)
         ids = None if draft_vocab is None else torch.randperm(V)[:draft_vocab].sort().values
-        module = Eagle3Model.from_target(target, layers, ids)
+        eagle3 = Eagle3Model.from_target(target, layers, ids)
         with torch.no_grad():
             if copy_next:
-                module.fc.weight.copy_(torch.eye(H))
-                layer = module.decoder.layers[0]
+                eagle3.fc.weight.copy_(torch.eye(H))
+                layer = eagle3.decoder.layers[0]
                 layer.self_attn.o_proj.weight.zero_()
                 layer.mlp.down_proj.weight.zero_()
             else:
-                module.lm_head.weight.copy_(torch.randn(module.draft_vocab, H) * head.std())
-        save_eagle3(module, out_dir, str(target_dir))
+                eagle3.lm_head.weight.copy_(torch.randn(eagle3.draft_vocab, H) * head.std())
+        save_eagle3(eagle3, out_dir, str(target_dir))
     return out_dir

@@ -7,10 +7,11 @@ import sys
 import polars as pl
 
 
-def main(output: str = "out/summarize_legal", data: str = "jobs/data/legal", n: int = 3) -> None:
+def main(output: str = "out/summarize_legal", data: str = "jobs/data/legal", n: int | str = 3) -> None:
+    """n: how many completions to print (a string from the command line)."""
     parts = pl.read_parquet(f"{output}/data")
     inputs = pl.read_parquet(f"{data}/*.parquet")
-    joined = parts.join(inputs, left_on="id", right_on="doc_id").sort("id").head(n)
+    joined = parts.join(inputs, left_on="id", right_on="doc_id").sort("id").head(int(n))
     for row in joined.iter_rows(named=True):
         print(f"--- {row['id']} ({row['kind']})\ncontract:   {row['contract'][:160]}...\nreference:  {row['reference']}"
               f"\ncompletion: {row['completion']!r}\n")
@@ -18,7 +19,7 @@ def main(output: str = "out/summarize_legal", data: str = "jobs/data/legal", n: 
     exact = sum(c is not None and c.strip() == r for c, r in zip(all_rows["completion"], all_rows["reference"]))
     print(f"exact match with the reference summary: {exact} of {all_rows.height}")
     spec_rows = parts.filter(pl.col("spec_enabled"))
-    acc = (spec_rows["accepted_tokens"].sum() / spec_rows["draft_tokens"].sum()) if spec_rows.height else None
+    acc = float(spec_rows["accepted_tokens"].sum()) / float(spec_rows["draft_tokens"].sum()) if spec_rows.height else None
     print(f"{parts.height} rows in {output}/data; {spec_rows.height} with speculation on"
           + (f", acceptance {acc:.2f}" if acc is not None else ""))
     print(f"status: batchspec status {output}")

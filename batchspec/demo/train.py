@@ -182,6 +182,7 @@ def train_learned(kind: str, target_dir: Path, tok_dir: Path, out: Path, steps: 
     target, features = _frozen_target(target_dir)
     lm_head = target.get_output_embeddings()
     H, V = lm_head.weight.shape[1], lm_head.weight.shape[0]
+    module: MedusaHeads | EagleModel
     if kind == "medusa":
         module = MedusaHeads(H, V, heads)
         module.init_from_lm_head(lm_head)
@@ -213,7 +214,10 @@ def train_learned(kind: str, target_dir: Path, tok_dir: Path, out: Path, steps: 
 
     losses, accs, minutes = _fit(kind, params, tok, features, step_loss, steps, lr, seed, batch, log_every)
     module.eval()
-    (save_medusa if kind == "medusa" else save_eagle)(module, out, str(target_dir))
+    if isinstance(module, MedusaHeads):
+        save_medusa(module, out, str(target_dir))
+    else:
+        save_eagle(module, out, str(target_dir))
     return _run_record(out, kind, params, steps, lr, batch, seed, losses, accs, minutes)
 
 
@@ -338,11 +342,11 @@ def learned_card(kind: str, run: dict) -> str:
 
 def evaluate(target_dir: Path, draft_dir: Path, n: int = 40, learned: dict[str, Path] | None = None) -> dict:
     """Greedy exact match on held-out contracts for each model alone, plus acceptance per draft kind."""
-    from ..engine import DraftSpec, Engine
+    from ..engine.engine import DraftSpec, Engine
 
     ex = examples("eval", n)
     prompts = [e["prompt"] for e in ex]
-    result = {"eval_contracts": n}
+    result: dict[str, int | float | None] = {"eval_contracts": n}
     for label, path in (("target", target_dir), ("draft", draft_dir)):
         engine = Engine.load(str(path), DraftSpec(kind="none"))
         outs, _ = engine.generate(engine.tokenize(prompts), max_new_tokens=64, speculate=False)

@@ -19,9 +19,9 @@ croppable DynamicCache (Llama, Qwen2, Mistral without sliding window, GPT-2, ...
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -40,6 +40,14 @@ def empty_state(batch: int, device: torch.device) -> KVState:
         mask=torch.zeros(batch, 0, dtype=torch.long, device=device),
         next_pos=torch.zeros(batch, dtype=torch.long, device=device),
     )
+
+
+def started(state: KVState | None) -> KVState:
+    """A draft's cache, which its prefill() starts: proposing, accepting or selecting rows before
+    it is a caller's error."""
+    if state is None:
+        raise RuntimeError("a draft proposes, accepts and selects rows only after prefill()")
+    return state
 
 
 def forward(
@@ -64,7 +72,7 @@ def forward(
 
 
 @contextlib.contextmanager
-def capture_head_input(model: torch.nn.Module):
+def capture_head_input(model: Any):
     """Collect what the model's LM head reads during the block: the top-layer hidden states after
     the final norm, the features learned drafts (Medusa, EAGLE) draft from and train on. Taken at
     the head's input, so it holds for any architecture. Yields a list; its last item is [B, T, H]."""
@@ -152,14 +160,15 @@ def forward_tree(
     return out.logits, KVState(state.cache, mask, state.next_pos + T), features()
 
 
-@functools.cache
-def _cache_kwarg_for(cls: type) -> str:
-    # transformers 5.x is renaming `past_key_values` to `cache` model by model (GPT-2 first).
-    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+_CACHE_KWARG: dict[type, str] = {}  # per model class
 
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
-    return _cache_kwarg_for(type(model))
+    # transformers 5.x is renaming `past_key_values` to `cache` model by model (GPT-2 first).
+    cls = type(model)
+    if cls not in _CACHE_KWARG:
+        _CACHE_KWARG[cls] = "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+    return _CACHE_KWARG[cls]
 
 
 def rollback(state: KVState, keep: torch.Tensor) -> KVState:
@@ -195,7 +204,8 @@ def select_rows(state: KVState, keep_idx: torch.Tensor) -> KVState:
     live = mask.any(dim=0)
     first = int(live.nonzero().min()) if bool(live.any()) else 0
     if first > 0:
-        for layer in state.cache.layers:
+        layers: list[Any] = state.cache.layers  # DynamicCache layers, each with keys and values
+        for layer in layers:
             layer.keys = layer.keys[..., first:, :]
             layer.values = layer.values[..., first:, :]
         mask = mask[:, first:]

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from . import cache as kv
 from .api import ModelLoadError
-from .models import decoder_layers
+from .models import decoder_layers, hf_config
 from .sampling import DRAFT, SamplingParams, logits_to_probs, sample_from
 from .sources import vocab_problem
 
@@ -41,7 +42,7 @@ class Proposal:
 class ModelDraft:
     """A causal LM used as the draft: a separate checkpoint, a quantized copy, or a layer-skip view."""
 
-    def __init__(self, model: torch.nn.Module, kind: str, vocab_size: int, pad_id: int):
+    def __init__(self, model: Any, kind: str, vocab_size: int, pad_id: int):  # model: see LoadedModel.model
         self.model, self.kind, self.vocab_size, self.pad_id = model, kind, vocab_size, pad_id
         # Sibling checkpoints pad their embeddings differently (Qwen2.5-7B: 152,064 rows,
         # 0.5B: 151,936); a target token past the draft's table is fed to the draft as padding.
@@ -62,22 +63,23 @@ class ModelDraft:
     @torch.inference_mode()
     def propose(self, k: int, lengths: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None) -> Proposal:
         # uniforms: [B, k, 3] per-position uniforms for the proposed positions (None when greedy)
-        device = self.state.mask.device
-        ids, mask = kv.left_pad(self.unfed, self.pad_id, device)  # [B, W] right-aligned unfed tokens
-        logits, self.state = kv.forward(self.model, self.state, self._feedable(ids), mask, last_only=True)
+        state = kv.started(self.state)
+        ids, mask = kv.left_pad(self.unfed, self.pad_id, state.mask.device)  # [B, W] right-aligned unfed tokens
+        logits, self.state = kv.forward(self.model, state, self._feedable(ids), mask, last_only=True)
         tokens, probs = [], []
         for j in range(k):
             step_logits = self._align(logits[:, -1])  # [B, V]
             if params.greedy:
                 token = step_logits.argmax(-1)
             else:
+                assert uniforms is not None  # given whenever the job samples
                 step_probs = logits_to_probs(step_logits, params)
                 token = sample_from(step_probs, uniforms[:, j, DRAFT])
                 probs.append(step_probs)
             tokens.append(token)
             if j < k - 1:  # the last draft token is verified, never fed to the draft this round
                 ones = torch.ones_like(token)[:, None]
-                logits, self.state = kv.forward(self.model, self.state, token[:, None], ones, last_only=True)
+                logits, self.state = kv.forward(self.model, kv.started(self.state), token[:, None], ones, last_only=True)
         self._round_cols = ids.shape[1] + k - 1
         self._last = torch.stack(tokens, 1)
         return Proposal(self._last, lengths, torch.stack(probs, 1) if probs else None)
@@ -88,17 +90,20 @@ class ModelDraft:
             for row, toks in zip(self.unfed, emitted):
                 row.extend(toks)
             return
-        k = self._last.shape[1]
+        proposal, state = self._last, kv.started(self.state)
+        assert proposal is not None  # proposed: propose() kept it
+        k = proposal.shape[1]
         W = self._round_cols - (k - 1)
-        n = torch.tensor(n_accepted, device=self.state.mask.device)
+        n = torch.tensor(n_accepted, device=state.mask.device)
         j = torch.arange(1, k, device=n.device)[None, :]  # draft token index of each fed column
         keep = torch.cat([torch.ones(len(n_accepted), W, dtype=torch.bool, device=n.device), j <= n[:, None]], 1)
-        self.state = kv.rollback(self.state, keep)
-        last = self._last[:, -1].tolist()
+        self.state = kv.rollback(state, keep)
+        last = proposal[:, -1].tolist()
         self.unfed = [([last[b]] if n_accepted[b] == k else []) + [toks[-1]] for b, toks in enumerate(emitted)]
 
     def select(self, keep_idx: torch.Tensor) -> None:
-        self.state = kv.select_rows(self.state, keep_idx.to(self.state.mask.device))
+        state = kv.started(self.state)
+        self.state = kv.select_rows(state, keep_idx.to(state.mask.device))
         self.unfed = [self.unfed[i] for i in keep_idx.tolist()]
         if self._last is not None:
             self._last = self._last[keep_idx.to(self._last.device)]
@@ -177,14 +182,14 @@ def check_tokenizers_compatible(target_tok, draft_tok, draft_source: str) -> Non
 def layer_skip_view(model: torch.nn.Module, layers: int) -> torch.nn.Module:
     """The target's first `layers` decoder layers plus its final norm and head, sharing weights
     (self-speculation as in LayerSkip / Draft & Verify; no extra memory but the draft's KV cache)."""
-    total = model.config.get_text_config().num_hidden_layers
+    total = hf_config(model).get_text_config().num_hidden_layers
     if not 1 <= layers < total:
         raise ModelLoadError(f"layer_skip layers must be between 1 and {total - 1} for this target, got {layers}")
     holder, name = decoder_layers(model)
     # Shallow copies of every module on the path from the root to the layer list, so the target
     # keeps its own full list while both share the same parameters.
     path = _path_to(model, holder)
-    cfg = copy.deepcopy(model.config)
+    cfg = copy.deepcopy(hf_config(model))
     cfg.num_hidden_layers = layers
     if getattr(cfg, "layer_types", None):
         cfg.layer_types = cfg.layer_types[:layers]

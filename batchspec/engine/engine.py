@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -231,7 +232,8 @@ def measure_costs(engine: Engine, batch_size: int, ks: tuple[int, ...] = (1, 2, 
     gen = torch.Generator().manual_seed(0)
     high = engine.vocab_size  # ids every model here can embed: a sibling draft's table may be smaller
     if engine.draft.kind == "model":
-        high = min(high, engine.draft_module.get_input_embeddings().weight.shape[0])
+        draft: Any = engine.draft_module  # a Module (see LoadedModel.model for the Any)
+        high = min(high, draft.get_input_embeddings().weight.shape[0])
     low = 8 if high > 64 else 0  # skip the special tokens at the start of small vocabularies
     ids = torch.randint(low, high, (batch_size, prompt_tokens), generator=gen).to(engine.device)
     ones = torch.ones_like(ids)

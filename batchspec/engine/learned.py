@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -74,7 +75,8 @@ class MedusaHeads(nn.Module):
     def __init__(self, hidden: int, vocab: int, num_heads: int, num_layers: int = 1):
         super().__init__()
         self.num_heads, self.num_layers = num_heads, num_layers
-        self.heads = nn.ModuleList(
+        # Any: torch types a ModuleList's items as Module, which neither indexes nor has .weight.
+        self.heads: Any = nn.ModuleList(
             nn.Sequential(*[ResBlock(hidden) for _ in range(num_layers)], nn.Linear(hidden, vocab, bias=False))
             for _ in range(num_heads))
 
@@ -107,9 +109,9 @@ class EagleModel(nn.Module):
             # The EAGLE reference (cnets1.py): its one layer has no input norm (fc's output goes
             # straight into attention) and there is no final norm before the LM head.
             self.decoder.layers[0].input_layernorm = nn.Identity()
-            self.decoder.norm = nn.Identity()
-        self.embed: nn.Module | None = None
-        self.lm_head: nn.Module | None = None
+            self.decoder.norm = nn.Identity()  # type: ignore[assignment]  # a module where a norm was
+        self.embed: Any = None  # the target's token embedding and LM head, set by attach()
+        self.lm_head: Any = None
         self.features: torch.Tensor | None = None  # [B, T, H] fed with the next forward's input_ids
         self.last_hidden: torch.Tensor | None = None
 
@@ -119,7 +121,7 @@ class EagleModel(nn.Module):
         """The target's features as this model's input (EAGLE-1 reads them as they are)."""
         return features
 
-    def attach(self, target: nn.Module) -> EagleModel:
+    def attach(self, target: Any) -> EagleModel:
         # Plain attributes, not submodules: the target's weights stay out of this module's state.
         object.__setattr__(self, "embed", target.get_input_embeddings())
         object.__setattr__(self, "lm_head", target.get_output_embeddings())
@@ -207,17 +209,19 @@ class Eagle3Model(nn.Module):
         self.fc = nn.Linear(len(self.feature_layers) * (target_hidden or H), H, bias=False)
         self.decoder = LlamaModel(cfg)
         self.decoder.layers[0] = Eagle3Layer(cfg)
-        self.decoder.norm = nn.Identity()  # the output before the norm feeds the next step
+        # The output before the norm feeds the next step (a module where a norm was).
+        self.decoder.norm = nn.Identity()  # type: ignore[assignment]
         self.norm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, self.draft_vocab, bias=False)
         self.register_buffer("d2t", torch.zeros(self.draft_vocab, dtype=torch.long))
+        self.d2t: torch.Tensor
         self.own_embed: nn.Embedding | None = None
-        self.embed: nn.Module | None = None
+        self.embed: Any = None  # own_embed or the target's, set by attach()
         self.features: torch.Tensor | None = None
         self.last_hidden: torch.Tensor | None = None
 
     @classmethod
-    def from_target(cls, target: nn.Module, feature_layers: tuple[int, ...],
+    def from_target(cls, target: Any, feature_layers: tuple[int, ...],
                     vocab_ids: torch.Tensor | None = None) -> Eagle3Model:
         """A new draft shaped like one of the target's layers, its draft vocabulary the sorted
         target ids `vocab_ids` (all of them when None), its LM head starting at the target's rows
@@ -235,7 +239,7 @@ class Eagle3Model(nn.Module):
             model.norm.weight.copy_(target.get_decoder().norm.weight)
         return model
 
-    def attach(self, target: nn.Module) -> Eagle3Model:
+    def attach(self, target: Any) -> Eagle3Model:
         object.__setattr__(self, "embed", self.own_embed if self.own_embed is not None else target.get_input_embeddings())
         return self
 
@@ -300,14 +304,15 @@ class MedusaDraft:
 
     @torch.inference_mode()
     def propose(self, k: int, lengths: torch.Tensor, params: SamplingParams, uniforms) -> Proposal:
-        k = min(k, self.heads.num_heads)
-        logits = fit_vocab(self.heads(self.h.to(self.heads.heads[0][-1].weight.dtype), k), self.vocab_size)
+        k, h = min(k, self.heads.num_heads), self._pending()
+        logits = fit_vocab(self.heads(h.to(self.heads.heads[0][-1].weight.dtype), k), self.vocab_size)
         if params.greedy:
             if self.tree_width > 1:  # each head's next-best guesses too: verified as a tree
                 top = logits.topk(self.tree_width, dim=-1).indices  # [B, k, w]
                 return Proposal(top[..., 0], lengths.clamp(max=k), None, siblings=top[..., 1:])
             return Proposal(logits.argmax(-1), lengths.clamp(max=k), None)
         probs = logits_to_probs(logits.float(), params)  # [B, k, V]
+        assert uniforms is not None  # given whenever the job samples
         tokens = torch.stack([sample_from(probs[:, j], uniforms[:, j, DRAFT]) for j in range(k)], 1)
         return Proposal(tokens, lengths.clamp(max=k), probs)
 
@@ -317,7 +322,13 @@ class MedusaDraft:
         self.h = features[torch.arange(features.shape[0], device=features.device), n]
 
     def select(self, keep_idx: torch.Tensor) -> None:
-        self.h = self.h[keep_idx.to(self.h.device)]
+        h = self._pending()
+        self.h = h[keep_idx.to(h.device)]
+
+    def _pending(self) -> torch.Tensor:
+        if self.h is None:
+            raise RuntimeError("a draft proposes and selects rows only after prefill()")
+        return self.h
 
 
 class EagleDraft:
@@ -353,7 +364,8 @@ class EagleDraft:
 
     @torch.inference_mode()
     def propose(self, k: int, lengths: torch.Tensor, params: SamplingParams, uniforms) -> Proposal:
-        device = self.state.mask.device
+        state = kv.started(self.state)
+        device = state.mask.device
         toks, mask = kv.left_pad(self.unfed_toks, self.pad_id, device)
         W = toks.shape[1]
         feats = torch.zeros(len(self.unfed_toks), W, self.unfed_feats[0].shape[-1], dtype=self.unfed_feats[0].dtype,
@@ -361,7 +373,7 @@ class EagleDraft:
         for b, f in enumerate(self.unfed_feats):
             feats[b, W - f.shape[0]:] = f
         self.model.features = feats
-        logits, self.state = kv.forward(self.model, self.state, toks, mask, last_only=True)
+        logits, self.state = kv.forward(self.model, state, toks, mask, last_only=True)
         tokens, probs, siblings = [], [], []
         tree = params.greedy and self.tree_width > 1
         for j in range(k):
@@ -373,14 +385,17 @@ class EagleDraft:
             elif params.greedy:
                 token = step.argmax(-1)
             else:
+                assert uniforms is not None  # given whenever the job samples
                 p = logits_to_probs(step.float(), params)
                 token = sample_from(p, uniforms[:, j, DRAFT])
                 probs.append(p)
             tokens.append(token)
             if j < k - 1:  # the predicted feature and the drafted token make the next pair
-                self.model.features = self.model.last_hidden[:, -1:]
+                hidden = self.model.last_hidden
+                assert hidden is not None  # the forward above set it
+                self.model.features = hidden[:, -1:]
                 ones = torch.ones_like(token)[:, None]
-                logits, self.state = kv.forward(self.model, self.state, token[:, None], ones, last_only=True)
+                logits, self.state = kv.forward(self.model, kv.started(self.state), token[:, None], ones, last_only=True)
         self._W, self._k = W, k
         return Proposal(torch.stack(tokens, 1), lengths, torch.stack(probs, 1) if probs else None,
                         siblings=torch.stack(siblings, 1) if siblings else None)
@@ -394,9 +409,10 @@ class EagleDraft:
         if proposed:
             spec_cols = self._k - 1
             if spec_cols > 0:  # drop every entry built on predicted features
-                keep = torch.cat([torch.ones(B, self._W, dtype=torch.bool, device=self.state.mask.device),
-                                  torch.zeros(B, spec_cols, dtype=torch.bool, device=self.state.mask.device)], 1)
-                self.state = kv.rollback(self.state, keep)
+                state = kv.started(self.state)
+                keep = torch.cat([torch.ones(B, self._W, dtype=torch.bool, device=state.mask.device),
+                                  torch.zeros(B, spec_cols, dtype=torch.bool, device=state.mask.device)], 1)
+                self.state = kv.rollback(state, keep)
             self.unfed_feats = [features[b, : n_accepted[b] + 1] for b in range(B)]
             self.unfed_toks = [list(emitted[b][: n_accepted[b] + 1]) for b in range(B)]
         else:  # nothing was fed to the draft this round: the new pair joins the unfed ones
@@ -404,7 +420,8 @@ class EagleDraft:
             self.unfed_toks = [self.unfed_toks[b] + [emitted[b][0]] for b in range(B)]
 
     def select(self, keep_idx: torch.Tensor) -> None:
-        self.state = kv.select_rows(self.state, keep_idx.to(self.state.mask.device))
+        state = kv.started(self.state)
+        self.state = kv.select_rows(state, keep_idx.to(state.mask.device))
         idx = keep_idx.tolist()
         self.unfed_feats = [self.unfed_feats[i] for i in idx]
         self.unfed_toks = [self.unfed_toks[i] for i in idx]
@@ -451,7 +468,7 @@ def _checked_config(folder: Path, source: str, kind: str) -> dict:
     return cfg
 
 
-def load_medusa(source: str, target: nn.Module, local_paths: dict[str, str] | None = None) -> MedusaHeads:
+def load_medusa(source: str, target: Any, local_paths: dict[str, str] | None = None) -> MedusaHeads:
     """Heads in the Medusa reference layout: config.json names medusa_num_heads and
     medusa_num_layers (published configs carry nothing else: width and vocabulary come from the
     weights), medusa_lm_head.pt or .safetensors holds "{head}.{block}.linear.*" and
@@ -491,7 +508,7 @@ def save_medusa(heads: MedusaHeads, out: Path, base: str) -> None:
     save_file({k: v.contiguous() for k, v in heads.heads.state_dict().items()}, str(out / "medusa_lm_head.safetensors"))
 
 
-def load_eagle(source: str, target: nn.Module, local_paths: dict[str, str] | None = None) -> EagleModel:
+def load_eagle(source: str, target: Any, local_paths: dict[str, str] | None = None) -> EagleModel:
     """batchspec's layout (fc.*, decoder.*), or the EAGLE reference's (fc.*, layers.0.* without an
     input norm, no final norm, embed_tokens.* which the target's embedding replaces), read from
     model.safetensors or pytorch_model.bin."""
@@ -550,7 +567,7 @@ def _eagle3_config(folder: Path, source: str):
     return LlamaConfig(**{k: v for k, v in fields.items() if k not in ("model_type", "architectures")})
 
 
-def load_eagle3(source: str, target: nn.Module, local_paths: dict[str, str] | None = None) -> Eagle3Model:
+def load_eagle3(source: str, target: Any, local_paths: dict[str, str] | None = None) -> Eagle3Model:
     """The EAGLE-3 reference layout (the module docstring), as its published checkpoints and vLLM
     have it: midlayer.* (or layers.0.*), fc.*, norm.*, lm_head.*, d2t, t2d, optional embed_tokens;
     the config in the reference form or the speculators one."""

@@ -4,6 +4,7 @@ has copied it: runner/checkpoints.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -13,8 +14,10 @@ from .sources import local_source_problem
 
 @dataclass
 class LoadedModel:
-    model: torch.nn.Module
-    tokenizer: object  # a transformers PreTrainedTokenizerBase
+    # A transformers PreTrainedModel, typed Any: torch types a Module's every attribute as
+    # Tensor | Module (Module.__getattr__), so `.config` and `.get_input_embeddings()` would not check.
+    model: Any
+    tokenizer: Any  # a transformers PreTrainedTokenizerBase
     source: str  # what the user asked for (hub id, dir or s3 URI)
     local_path: str  # where it was loaded from
 
@@ -117,7 +120,7 @@ def load_model(
     path = resolve_model_path(source, local_paths)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, trust_remote_code=trust_remote_code)
+        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dt, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"could not load model {source!r}: {e}") from e
     model.to(dev).eval()
@@ -130,7 +133,7 @@ def load_model(
 
 def decoder_layers(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
     """(module holding the decoder layer list, attribute name): model.model.layers, transformer.h, ..."""
-    n = model.config.get_text_config().num_hidden_layers
+    n = hf_config(model).get_text_config().num_hidden_layers
     for module in model.modules():
         for name, child in module.named_children():
             if isinstance(child, torch.nn.ModuleList) and len(child) == n:
@@ -155,7 +158,7 @@ def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
 def eos_token_ids(model: torch.nn.Module, tokenizer) -> tuple[int, ...]:
     """Every token id that ends a row: the tokenizer's EOS plus the generation config's list."""
     ids: set[int] = set()
-    for src in (getattr(model, "generation_config", None), model.config):
+    for src in (getattr(model, "generation_config", None), hf_config(model)):
         eos = getattr(src, "eos_token_id", None) if src is not None else None
         if isinstance(eos, int):
             ids.add(eos)
@@ -166,8 +169,13 @@ def eos_token_ids(model: torch.nn.Module, tokenizer) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+def hf_config(model: torch.nn.Module) -> Any:
+    """A transformers model's config (a PretrainedConfig; see LoadedModel.model for the Any)."""
+    return model.config
+
+
 def context_length(model: torch.nn.Module) -> int:
-    cfg = model.config
+    cfg = hf_config(model)
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         if getattr(cfg, name, None):
             return int(getattr(cfg, name))

@@ -84,8 +84,9 @@ def kv_cache_need(target: str, draft: str | None, dtype_bytes: int, rows: int) -
     when a config.json does not say in
     the plain terms counted here (layers x key/value heads x head size): another attention (MLA),
     state-space or linear layers, a checkpoint that is not a local directory."""
-    counted = [_kv_bytes_per_token(path, dtype_bytes) for path in (target, draft) if path is not None]
-    if None in counted:
+    found = [_kv_bytes_per_token(path, dtype_bytes) for path in (target, draft) if path is not None]
+    counted = [c for c in found if c is not None]
+    if len(counted) < len(found):
         return None
     per_token, context = sum(c[0] for c in counted), counted[0][1]  # the draft runs in the target's context
     return int(per_token * context * rows * 1.25) + (16 << 20)
@@ -515,7 +516,7 @@ def measure_costs(backend: VLLMBackend, batch_size: int, sample: list[list[int]]
     def timed(k: int, max_tokens: int, plain: bool | None = None) -> tuple[float, list]:
         backend.set_k(k)
         params = [vllm_params(SamplingParams(), (), max_tokens, None, ignore_eos=True)] * batch_size
-        best, outs = float("inf"), None
+        best, outs = float("inf"), []
         for _ in range(repeats):
             t = time.perf_counter()
             outs = backend._run(prompts, params, plain=k == 0 if plain is None else plain)
