@@ -10,7 +10,7 @@ OUTPUT_FILE = "output-v1.schema.json"
 
 
 def rendered() -> dict[str, str]:
-    from .runner.store import output_schema_json
+    from .runner.schema import output_schema_json
     from .spec import json_schema
 
     return {

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from batchspec.cli import app
 from batchspec.report import build_report, compare, to_html, to_text
-from batchspec.runner.store import OUTPUT_SCHEMA, OutputStore
+from batchspec.runner.schema import OUTPUT_SCHEMA
+from batchspec.runner.store import OutputStore
 
 
 def row(shard, i, completion, draft=0, accepted=0, rounds=0, ttft=0.1, latency=1.0, spec=False, error=None, k=None):

@@ -14,7 +14,8 @@ from batchspec.runner.job import prepare, submit
 from batchspec.runner.outcome import JobRefused
 from batchspec.runner.progress import startup_text
 from batchspec.runner.record import status
-from batchspec.runner.store import OUTPUT_SCHEMA, OutputStore
+from batchspec.runner.schema import OUTPUT_SCHEMA
+from batchspec.runner.store import OutputStore
 from batchspec.spec import spec_from_dict
 
 

@@ -12,7 +12,8 @@ from ..errors import error_line
 from ..rates import acceptance_rate
 from .logs import log_event
 from .read import prompt_hash
-from .store import OUTPUT_SCHEMA, OutputStore, now_iso
+from .schema import OUTPUT_SCHEMA
+from .store import OutputStore, now_iso
 
 if TYPE_CHECKING:
     from ..engine.api import Backend, Completion

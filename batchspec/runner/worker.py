@@ -26,7 +26,8 @@ from .logs import log_event, worker_id
 from .memory import PolicyMemory
 from .plan import Shard
 from .read import ShardReadError, ShardWork, read_shard, tokenized_rows
-from .store import OUTPUT_SCHEMA, OutputStore, now_iso
+from .schema import OUTPUT_SCHEMA
+from .store import OutputStore, now_iso
 
 log = logging.getLogger("batchspec.worker")
 
