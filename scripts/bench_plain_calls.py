@@ -1,6 +1,7 @@
 """What a plain call costs on the vllm backend's speculative engine, with and without its draft.
 
     python scripts/bench_plain_calls.py [--jobs mixed,demo_eagle3] [--rows-per-call 96] [--repeats 6]
+    python scripts/bench_plain_calls.py --nightly 64 --rows-per-call 2400 --repeats 2   # the nightly job, one call
 
 At k=0 vLLM still runs a model draft over every new token, to keep the draft's KV cache for a
 later k > 0; batchspec skips that in calls that stay plain (docs/policy.md). In one process per
@@ -68,11 +69,19 @@ def main() -> None:
     ap.add_argument("--jobs", default="mixed,demo_eagle3")
     ap.add_argument("--rows-per-call", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=6)
+    ap.add_argument("--nightly", type=int, default=None, metavar="MAX_NUM_SEQS",
+                    help="instead of --jobs: scripts/bench_nightly.py's job (8 shards x 300 rows) at this concurrency")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from bench_vllm import write_jobs
 
     with tempfile.TemporaryDirectory() as tmp:
+        if args.nightly:
+            import bench_nightly
+
+            bench_nightly.write_data(Path(tmp) / "data", 300)
+            run(bench_nightly.write_job(Path(tmp), Path(tmp) / "data", args.nightly), args.rows_per_call, args.repeats)
+            return
         for _name, job in write_jobs(Path(tmp), args.jobs.split(",")).items():
             run(job, args.rows_per_call, args.repeats)
 
