@@ -18,7 +18,7 @@ import pyarrow as pa
 from ..engine.api import Backend
 from ..policy import ActorPolicy, LengthProfile, Policy
 from ..spec import JobSpec
-from .calls import Calls, measured_saving
+from .calls import Calls
 from .commit import commit_shard, committed_already, fail_shard
 from .faults import FaultPlan
 from .lease import taken_over_by
@@ -28,6 +28,7 @@ from .plan import Shard
 from .read import ShardReadError, ShardWork, read_shard, tokenized_rows
 from .schema import OUTPUT_SCHEMA
 from .store import OutputStore, now_iso
+from .together import measured_saving, together
 
 log = logging.getLogger("batchspec.worker")
 
@@ -107,10 +108,10 @@ class ShardRunner:
                 out[shard.shard] = work
             else:
                 works.append(work)
-        together = self.engine.whole_shard_calls
-        for group in ([works] if together else [[w] for w in works]):
+        shared = self.engine.whole_shard_calls
+        for group in ([works] if shared else [[w] for w in works]):
             try:
-                self.calls.together(group) if together else self.calls.alone(group[0])
+                together(self.calls, group) if shared else self.calls.alone(group[0])
             except Exception as e:  # OOM, a dead engine, a bug: the shards of this call fail, the job goes on
                 for w in group:
                     out[w.shard.shard] = fail_shard(self.store, self.job_id, self.worker, w.shard, e)

@@ -1,0 +1,121 @@
+"""An actor call's shards on the vllm backend (`whole_shard_calls`), each under its own decision
+in one continuous batch: a look at a sample of each shard's rows, each shard's own decision from
+them, then one engine call per decision, so shards that agree share vLLM's batch. A call's time is
+split among its shards by what their own rows cost, and what speculation saved on a shard is
+measured from the same step lines (policy/planner.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..policy import ActorPolicy, Decision
+from .calls import Calls
+from .logs import log_event
+from .read import RowInput, ShardWork
+
+log = logging.getLogger("batchspec.worker")
+
+
+def together(calls: Calls, works: list[ShardWork]) -> None:
+    """Shards on the vllm backend, each under its own decision. auto: first a look (a sample of
+    each shard's rows at k, at the call's concurrency, ActorPolicy.look), then each shard's own
+    decision from its own rows' acceptance and the step costs at this concurrency; then one
+    call per decision over the rest of their rows, so shards that agree share vLLM's
+    continuous batch. A call's time is split among its shards by what their rows cost (_timed)."""
+    for w in works:
+        if calls.faults:
+            calls.faults.reached(w.shard.shard, 0)
+    works = [w for w in works if w.valid]
+    spent = {id(w): 0.0 for w in works}
+    looked: dict[int, tuple[float | None, float | None, int, float | None]] = {}
+    if works and calls.learns_costs:
+        looked = _look(calls, works, spent)
+    groups: dict[tuple[bool, int], list[ShardWork]] = {}
+    rows_left = sum(len(w.valid) - w.done for w in works)
+    for w in works:
+        if w.done == len(w.valid):
+            continue
+        if calls.learns_costs:
+            assert w.profile is not None  # profiled when opened
+            w.profile.expected_new_tokens = calls.expected_new(w)
+            alpha, per_step, rows, new_tokens = looked.get(id(w), (None, None, 0, None))
+            d = calls.planner.decide_own(w, alpha, rows, per_step, calls.concurrency(rows_left), new_tokens)
+            log_event(log, f"policy: {d.reason}", job=calls.job_id, shard=w.shard.shard, at_row=w.done)
+        else:
+            d = calls.decide(w)
+        groups.setdefault((d.speculate, d.k), []).append(w)
+    for (speculate, k), members in groups.items():
+        batch = [(w, r) for w in members for r in w.valid[w.done:]]
+        rule = calls.draft_length(k, len(batch)) if speculate else None
+        _timed(calls, batch, members[0].decisions[-1], rule, spent)
+    for w in works:
+        w.gen_s = spent[id(w)]
+        if calls.faults:
+            calls.faults.reached(w.shard.shard, w.done)
+
+
+def _look(calls: Calls, works: list[ShardWork], spent: dict[int, float]
+          ) -> dict[int, tuple[float | None, float | None, int, float | None]]:
+    """Run each shard's look rows (evenly spread over its rows) in one call at the call's
+    concurrency, interleaved across shards, so that no shard's acceptance is another's; returns
+    each shard's (own acceptance, tokens per verify step, rows, mean completion tokens) from them."""
+    c = calls.concurrency(sum(len(w.valid) for w in works))
+    sizes = calls.planner.look_sizes([len(w.valid) for w in works], c)
+    for w, n in zip(works, sizes):
+        step = len(w.valid) / n
+        picked = {int(i * step) for i in range(n)}
+        w.valid[:] = [r for i, r in enumerate(w.valid) if i in picked] + [r for i, r in enumerate(w.valid) if i not in picked]
+    batch = [(w, w.valid[i]) for i in range(max(sizes)) for w, n in zip(works, sizes) if i < n]
+    decision, rule = calls.planner.look(len(batch), len(works))
+    for w in works:
+        w.decisions.append(decision)
+        log_event(log, f"policy: {decision.reason}", job=calls.job_id, shard=w.shard.shard, at_row=0)
+    _timed(calls, batch, decision, rule, spent)
+    k = decision.k
+    out = {}
+    for w, n in zip(works, sizes):
+        stats = [w.results[r.row_index][0].stats for r in w.valid[:n] if r.row_index in w.results]
+        alpha, per_step = calls.planner.own_acceptance([(s.accepted_tokens, s.spec_rounds) for s in stats], k)
+        new_tokens = sum(s.completion_tokens for s in stats) / len(stats) if stats else None
+        out[id(w)] = (alpha, per_step, len(stats), new_tokens)
+    return out
+
+def _timed(calls: Calls, batch: list[tuple[ShardWork, RowInput]], decision: Decision, rule, spent: dict[int, float]) -> None:
+    """One call (_run_block), its measured time split among the shards it ran rows of by what
+    their rows' own work cost (_row_shares), so a shard's time is its rows', not a share of the
+    call by tokens."""
+    t0 = time.perf_counter()
+    calls.run_block(batch, decision, rule)
+    seconds = time.perf_counter() - t0
+    for key, share in _row_shares(calls.planner, batch, min(len(batch), calls.concurrency(len(batch)))).items():
+        spent[key] += seconds * share
+
+
+def _row_shares(planner: ActorPolicy, batch: list[tuple[ShardWork, RowInput]], concurrency: int) -> dict[int, float]:
+    """Each shard's share of a call: what its rows' own work cost (ActorPolicy.row_cost: verify
+    steps at k, plain steps and prompt, priced with the step lines at the call's concurrency), by
+    completion tokens where there are no lines, equal shares when nothing was generated."""
+    weights: dict[int, float] = {}
+    for w, r in batch:
+        result = w.results.get(r.row_index)
+        if result is None:
+            continue
+        s = result[0].stats
+        cost = planner.row_cost(s.prompt_tokens, s.completion_tokens, s.accepted_tokens, s.spec_rounds,
+                                concurrency, result[1].speculate or s.spec_rounds > 0)
+        weights[id(w)] = weights.get(id(w), 0.0) + (s.completion_tokens if cost is None else cost)
+    total, shards = sum(weights.values()), {id(w) for w, _ in batch}
+    return {key: weights.get(key, 0.0) / total if total else 1.0 / len(shards) for key in shards}
+
+
+def measured_saving(planner: ActorPolicy, work: ShardWork) -> dict | None:
+    """What speculation saved on the shard's rows, measured in this run (ActorPolicy.saving; vllm);
+    None where there is nothing to measure it with."""
+    rows = [(o.stats.accepted_tokens, o.stats.spec_rounds, o.stats.prompt_tokens, concurrency)
+            for o, _, concurrency in work.results.values() if o.stats.spec_rounds]
+    if not rows:
+        return {"seconds": 0.0, "low": 0.0, "high": 0.0, "rows": 0, "steps": 0, "basis": "no row speculated"}
+    saving = planner.saving(rows)
+    return saving.to_json() if saving else None
