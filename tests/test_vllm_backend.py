@@ -627,7 +627,10 @@ def test_auto_policy_on_vllm_looks_at_each_shards_rows_then_decides_each_shard(v
         assert own["kind"] in ("on", "off", "measuring", "cannot_pay") and own["numbers"]["look_rows"] == 16
         assert own["numbers"]["tokens_per_step"] > 1 and own["alpha"] is not None
         if own["kind"] != "measuring":
-            assert own["numbers"]["clean_steps"] >= 2 and own["numbers"]["step_ratio"] > 0
+            # The ratio's central value may round to 0 where a line of few noisy steps extrapolates
+            # below zero (seen under load); the decision rests on its interval's slow end.
+            low, high = own["numbers"]["step_ratio_interval"]
+            assert own["numbers"]["clean_steps"] >= 2 and 0 <= low <= own["numbers"]["step_ratio"] <= high
         assert m["timings"]["calibrate_s"] == 0
     rows = _rows(runner, manifests)
     assert [r["completion"] for r in rows] == hf_reference[1]
