@@ -52,6 +52,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_vllm import batchspec, child_result  # noqa: E402
 
+# batchspec's engines per actor (--engines): the suffix of its entries, and the job's settings.
+ENGINES = {"": (), "+plain": ("model.vllm_plain_engine=true",)}
+
 SHARDS = [("legal-short", 3), ("scrambled-short", 3), ("legal-long", 1), ("scrambled-long", 1)]
 
 # One engine, every row in one timed call, then each shard in a timed call of its own.
@@ -165,12 +168,12 @@ def bare(job: Path, shards: dict[str, list[list[int]]], speculative: bool) -> di
     return {**res, "wall_s": time.perf_counter() - t}
 
 
-def auto(job: Path, out: Path, memory: Path) -> dict:
+def auto(job: Path, out: Path, memory: Path, *sets: str) -> dict:
     """One batchspec submit, with its report's saving and each shard's decisions."""
     from batchspec.report import build_report
     from batchspec.runner.store import OutputStore
 
-    res = batchspec(job, "vllm", out, memory=memory)
+    res = batchspec(job, "vllm", out, *sets, memory=memory)
     report = build_report(str(out))
     ms = OutputStore(str(out)).manifests()
     res["saving"] = {k: report.get(k) for k in ("estimated_saving_s", "measured_saving_s", "saving_interval_s")}
@@ -212,32 +215,36 @@ def run(args) -> dict:
                 entry = {"concurrency": conc, "repeat": rep, "order": list(shards)}
                 entry["bare_plain"] = bare(job, shards, False)
                 entry["bare_spec"] = bare(job, shards, True)
-                memory = tmp / f"memory-{conc}-{rep}"
-                entry["auto_first"] = auto(job, tmp / f"out-{conc}-{rep}-first", memory)
-                again = tmp / f"memory-{conc}-{rep}-again"
-                shutil.copytree(memory, again)
-                entry["auto_remembered"] = auto(job, tmp / f"out-{conc}-{rep}-again", again)
-                off = batchspec(job, "vllm", tmp / f"out-{conc}-{rep}-off", "speculation.mode=off")
-                entry["batchspec_off"] = {k: off[k] for k in ("generate_s", "wall_s")}
-                summarize(entry, domains)
+                for engines in args.engines:
+                    sets = ENGINES[engines]
+                    tag = f"{conc}-{rep}-{engines}"
+                    memory = tmp / f"memory-{tag}"
+                    entry[f"auto_first{engines}"] = auto(job, tmp / f"out-{tag}-first", memory, *sets)
+                    again = tmp / f"memory-{tag}-again"
+                    shutil.copytree(memory, again)
+                    entry[f"auto_remembered{engines}"] = auto(job, tmp / f"out-{tag}-again", again, *sets)
+                    off = batchspec(job, "vllm", tmp / f"out-{tag}-off", "speculation.mode=off", *sets)
+                    entry[f"batchspec_off{engines}"] = {k: off[k] for k in ("generate_s", "wall_s")}
+                summarize(entry, domains, args.engines)
                 results["runs"].append(entry)
-                print(table_row(entry), flush=True)
+                for engines in args.engines:
+                    print(table_row(entry, engines), flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return results
 
 
-def summarize(e: dict, domains: dict[str, str]) -> None:
+def summarize(e: dict, domains: dict[str, str], engines: list[str]) -> None:
     plain, spec = e["bare_plain"], e["bare_spec"]
     e["oracle_s"] = sum(min(plain["apart_s"][n], spec["apart_s"][n]) for n in domains)
     e["favoured"] = favoured(plain, spec, domains)
     best = min(plain["generate_s"], spec["generate_s"])
     expected, per_shard = plain["completions"], len(plain["completions"]) // len(domains)
-    for name in ("auto_first", "auto_remembered"):
+    for name in (f"{run}{v}" for v in engines for run in ("auto_first", "auto_remembered")):
         r = e[name]
         r["vs_best_static"] = r["generate_s"] / best
         r["side_by_side_saving_s"] = plain["generate_s"] - r["generate_s"]
-        r["vs_batchspec_off_s"] = e["batchspec_off"]["generate_s"] - r["generate_s"]
+        r["vs_batchspec_off_s"] = e["batchspec_off" + name.removeprefix("auto_first").removeprefix("auto_remembered")]["generate_s"] - r["generate_s"]
         got = [r["by_id"].get(f"{n}-{j:04d}") for n in e["order"] for j in range(per_shard)]
         r["identical_to_plain"] = got == expected
         wrong = [n for n, d in domains.items() if e["favoured"][d] is not None
@@ -260,8 +267,8 @@ def summarize(e: dict, domains: dict[str, str]) -> None:
     spec.pop("completions", None)
 
 
-def table_row(e: dict) -> str:
-    p, s, f, m = e["bare_plain"], e["bare_spec"], e["auto_first"], e["auto_remembered"]
+def table_row(e: dict, engines: str = "") -> str:
+    p, s, f, m = e["bare_plain"], e["bare_spec"], e[f"auto_first{engines}"], e[f"auto_remembered{engines}"]
 
     def worst(r):
         errors = r["prediction_error"].values()
@@ -273,7 +280,8 @@ def table_row(e: dict) -> str:
         return (f"{'-' if rep is None else f'{rep:.1f}'} vs {r['side_by_side_saving_s']:.1f} "
                 f"({r['vs_batchspec_off_s']:.1f})")
 
-    return (f"| {e['concurrency']} | {p['generate_s']:.2f} | {s['generate_s']:.2f} | {e['batchspec_off']['generate_s']:.2f} "
+    return (f"| {e['concurrency']}{engines} | {p['generate_s']:.2f} | {s['generate_s']:.2f} "
+            f"| {e['batchspec_off' + engines]['generate_s']:.2f} "
             f"| {e['oracle_s']:.2f} "
             f"| {f['generate_s']:.2f} ({f['vs_best_static']:.2f}x) | {m['generate_s']:.2f} ({m['vs_best_static']:.2f}x) "
             f"| {f['wall_s']:.1f} / {m['wall_s']:.1f} | {e['favoured']} | {len(f['wrong_decisions'])} / {len(m['wrong_decisions'])} "
@@ -292,15 +300,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--concurrency", default="256,64", help="engine max_num_seqs values, comma-separated (256: vLLM's default)")
     ap.add_argument("--out", default=None, help="write every figure as JSON here")
+    ap.add_argument("--engines", default="one", help="batchspec's engines per actor, comma-separated: one (the "
+                    "speculative engine decodes plain too), two (model.vllm_plain_engine); one,two runs both in turn")
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    args.engines = ["" if e == "one" else "+plain" for e in args.engines.split(",")]
     print(f"threads: {os.cpu_count()} cores; {args.rows * 8} rows in 8 shards", flush=True)
     print(HEADER, flush=True)
     results = run(args)
     for conc in args.concurrency:
         runs = [r for r in results["runs"] if r["concurrency"] == conc]
         if len(runs) > 1:
-            med = {k: statistics.median(r[k]["generate_s"] for r in runs) for k in ("bare_plain", "bare_spec", "auto_first", "auto_remembered")}
+            keys = ["bare_plain", "bare_spec"] + [f"{k}{v}" for v in args.engines
+                                                  for k in ("auto_first", "auto_remembered", "batchspec_off")]
+            med = {k: statistics.median(r[k]["generate_s"] for r in runs) for k in keys}
             print(f"median at {conc}: " + ", ".join(f"{k} {v:.2f}s" for k, v in med.items()))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))

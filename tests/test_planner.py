@@ -117,6 +117,41 @@ def test_each_shard_is_decided_from_its_own_rows_and_the_paired_step_costs():
     assert plan.own_acceptance([], 4) == (None, None)
 
 
+def test_with_a_plain_engine_apart_each_arm_is_timed_on_its_own_engine():
+    """model.vllm_plain_engine: the look's speculative rows time only steps at k (no plain blocks
+    on the speculative engine), as many rows again time plain steps on the plain engine; the step
+    costs come from the two, the draft's prompt cost from the speculative look alone, and later
+    calls keep each arm's line current from their own engine's steps."""
+    plan = planner(costs_known=False, measure_in_call=True)
+    assert plan.plain_rule() is None  # one engine: plain calls are not timed apart
+    plan.separate_plain = True
+    look, rule = plan.look(16, 2)
+    assert look.speculate and not rule.interleave and not rule.guard
+    rule.observe_step(4, 0.05, 16, 8, True, draft_s=0.01)
+    for rows in range(8, 0, -1):
+        assert rule.next_k() == 4  # never a plain block on the speculative engine
+        rule.observe_step(4, 0.030, rows * 3, rows, False)
+    assert plan.learn(rule, look, 8, [20] * 8) is look
+    plain_look, plain = plan.plain_look(16, 2)
+    assert plain_look.kind is DecisionKind.LOOK_PLAIN and not plain_look.speculate and plain_look.k == 0
+    assert plain_look.reason.startswith("off (look): 16 rows") and plain.k_spec == 0
+    plain.observe_step(0, 0.04, 8, 8, True)
+    for rows in range(8, 0, -1):
+        assert plain.next_k() == 0
+        plain.observe_step(0, 0.010, rows, rows, False)
+    plan.learn(plain, plain_look, 8, [20] * 8)
+    assert len(plan.points[4]) == 8 and len(plan.points[0]) == 8  # every decode step at the one k is clean
+    assert plan.costs_by_batch[8].v(4) == pytest.approx(3.0)
+    target, draft = plan.prefill_row_token_s
+    assert target == pytest.approx(0.04 / 20 / 8) and draft == pytest.approx(0.01 / 20 / 8)
+    call = plan.call_rule(4, 8)
+    assert not call.interleave and call.k_spec == 4
+    later = plan.plain_rule()
+    assert later is not None and later.k_spec == 0 and later.next_k() == 0
+    with pytest.raises(ValueError):
+        InterleavedSteps(0)  # interleaving needs an arm at k >= 1
+
+
 def test_without_step_costs_a_shard_is_measured_in_its_call():
     plan = planner(costs_known=False, measure_in_call=True)
     d = plan.decide_own(Shard([20] * 8), 0.8, 8, 3.0, 8)

@@ -1017,6 +1017,46 @@ def test_plain_engine_serves_the_calls_at_k0(repeater_drafts):
         gc.collect()
 
 
+def test_with_a_plain_engine_the_look_times_each_arm_on_its_own_engine(tmp_path, hf_reference, monkeypatch):
+    """auto with model.vllm_plain_engine, in process on the demo pair: each shard's look rows run
+    at k on the speculative engine (no plain blocks there) and as many again plain on the plain
+    engine, which is what the plain arm's step costs come from; each shard is then decided from its
+    own look rows, its plain rows run on the plain engine, and every row equals the hf reference."""
+    import gc
+
+    from batchspec.engine.backend import load_backend
+    from batchspec.runner.plan import plan_shards
+    from batchspec.runner.worker import ShardRunner
+
+    spec = _demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=auto", "model.vllm_plain_engine=true",
+                      "model.vllm_args.max_num_seqs=16")  # a look of 8 + 8 of each shard's 24 rows: 8 left to decide
+    backend = load_backend("vllm", spec.model, k_default=4)
+    try:
+        runner = ShardRunner(spec, "job-1", engine=backend)
+        assert runner.learns_costs and runner.planner.separate_plain and not runner.calls.calibrate
+        engines = []
+        for name, llm in (("plain", backend.plain_llm), ("spec", backend.llm)):
+            monkeypatch.setattr(llm, "generate", lambda prompts, *a, _run=llm.generate, _name=name, **kw: (
+                engines.append((_name, len(prompts))), _run(prompts, *a, **kw))[1])
+        manifests = runner.run_many(plan_shards(spec.input.path))
+        assert [m["status"] for m in manifests] == ["done", "done"]
+        assert engines[:2] == [("spec", 16), ("plain", 16)]  # 8 of each shard's rows at k, then 8 plain
+        for m in manifests:
+            look, plain_look, own = m["decisions"][:3]
+            assert look["kind"] == "look" and plain_look["kind"] == "look_plain" and not plain_look["speculate"]
+            assert own["numbers"]["look_rows"] == 8 and own["numbers"]["clean_steps"] >= 2
+            assert own["kind"] in ("on", "off", "cannot_pay")
+        assert set(runner.planner.points) == {0, 4} and runner.planner.prefill_row_token_s[1] > 0
+        rows = _rows(runner, manifests)
+        assert [r["completion"] for r in rows] == hf_reference[1]
+        assert all(r["spec_enabled"] == (r["draft_tokens"] > 0) for r in rows)
+        assert sum(not r["spec_enabled"] for r in rows) >= 16  # the plain look's rows at least
+        assert sum(n for _, n in engines) == 48
+    finally:
+        del backend
+        gc.collect()
+
+
 def test_plain_engine_beside_an_ngram_draft_starts():
     """vLLM's CPU kernel registration fails for an engine started after an ngram engine in the same
     process; the backend starts the plain engine first. In a subprocess: an ngram engine in this

@@ -160,6 +160,7 @@ class Backend(Protocol):
     max_batch: int | None  # rows the engine runs at once (vLLM's max_num_seqs); None: all of a call's rows
     per_round_k: bool  # a DraftLength rule sees every round (hf); else k is set per call or per step
     learns_costs: bool  # the policy's costs come from the steps of real calls (a StepRule), not a calibration
+    separate_plain: bool  # calls at k = 0 run on an engine without speculation, whose steps time the plain arm
 
     def tokenize(self, prompts: list[str]) -> list[list[int]]: ...
 

@@ -50,6 +50,7 @@ class Engine:
     max_batch = None
     per_round_k = True  # a DraftLength rule sees every round (AdaptiveK, policy.CostModelK)
     learns_costs = False  # costs are calibrated beforehand (measure_costs), then refined every round
+    separate_plain = False  # one model runs both arms
     context_note = ""
 
     def __init__(self, target: LoadedModel, draft: DraftSpec, draft_module: torch.nn.Module | None = None,

@@ -35,7 +35,8 @@ What batchspec adds on top of a bare `LLM.generate`, and how:
 Every private vLLM internal this needs is reached through engine/vllm_patches.py, which names the
 vLLM version it targets; nothing private is touched here.
 - Optionally (`model.vllm_plain_engine`) a second engine without speculation serves the calls at
-  k = 0; the policy's plain costs are then measured on it.
+  k = 0. Its steps are timed as the speculative engine's are, and the policy's plain arm is measured
+  there (policy.ActorPolicy.separate_plain), not at k = 0 inside the speculative calls.
 """
 
 from __future__ import annotations
@@ -243,8 +244,11 @@ class VLLMBackend:
         self._skipped = False  # a draft forward was skipped since the prefix cache was last emptied
         if draft_kind != "none":
             client, core, self._scheduler = patches.in_process_core(llm)  # see module docstring
-            patches.wrap_engine_step(client, self._stepper)
+            patches.wrap_engine_step(client, lambda get_output: self._stepper(get_output, self._scheduler))
             self.skips_draft = self._wrap_drafter(core)
+            if plain_llm is not None:  # its plain steps are timed the same way (one arm of the pair)
+                plain_client, _, plain_scheduler = patches.in_process_core(plain_llm)
+                patches.wrap_engine_step(plain_client, lambda get_output: self._stepper(get_output, plain_scheduler))
 
     def _wrap_drafter(self, engine_core) -> bool:
         """Wrap the in-process model runner's draft proposer so that a k = 0 step (prefill or decode)
@@ -284,32 +288,39 @@ class VLLMBackend:
     @property
     def learns_costs(self) -> bool:
         """True when the policy's costs come from the steps of real calls (policy.InterleavedSteps), not from
-        a calibration beforehand: one speculative engine, whose k can change between steps. With a
-        plain engine beside it, plain calls run elsewhere, so costs are still calibrated."""
-        return self._scheduler is not None and self.plain_llm is None
+        a calibration beforehand: a speculative engine whose k can change between steps (and, with a
+        plain engine beside it, the plain engine's steps for the plain arm)."""
+        return self._scheduler is not None
 
-    def _stepper(self, get_output):
-        """Wrap the in-process engine core's step: before it, set the rule's k; after it, tell the
-        rule what the step cost and emitted. Without a rule, the step runs untouched."""
-        sched = self._scheduler
+    @property
+    def separate_plain(self) -> bool:
+        """Calls at k = 0 run on an engine without speculation (model.vllm_plain_engine)."""
+        return self.plain_llm is not None
+
+    def _stepper(self, get_output, sched):
+        """Wrap an in-process engine core's step: before it, set the rule's k; after it, tell the
+        rule what the step cost and emitted. Without a rule, the step runs untouched. `sched`: the
+        engine's scheduler (the plain engine's steps are plain: its k is not set)."""
         max_seqs = self.max_batch
+        speculative = sched is self._scheduler
 
         def step():
             rule = self._rule
             if rule is None:
                 return get_output()
-            k = self.set_k(rule.next_k())
+            k = self.set_k(rule.next_k()) if speculative else 0
             # A rule that does not say it has settled may still raise k: its draft keeps running.
             settled = getattr(rule, "settled", False)
             # Plain to the call's end: the draft's cache is not needed again (module docstring).
-            self._skip_draft = self.skips_draft and k == 0 and settled
+            self._skip_draft = speculative and self.skips_draft and k == 0 and settled
             # A step prefills when it admits waiting prompts or continues a chunked prefill; rows
             # past their prompt decode in it too (chunked prefill admits the next prompts beside
             # them), and the rule takes their tokens out of what prompts cost.
             prefill, decoding = patches.step_admits_prompts(sched, max_seqs)
             # The draft is timed apart where a plain call would not run it: over the prompts, and in
             # a plain step measured while the rule still might go back to k > 0.
-            self._time_draft = self.skips_draft and not self._skip_draft and (prefill or (k == 0 and not settled))
+            self._time_draft = (speculative and self.skips_draft and not self._skip_draft
+                                and (prefill or (k == 0 and not settled)))
             self._draft_s = 0.0
             t = time.perf_counter()
             out = get_output()
@@ -392,10 +403,12 @@ class VLLMBackend:
                  max_new_per_row: list[int] | None = None) -> tuple[list[Completion], BatchResult]:
         """One call over all rows. draft_length: an int k, a rule whose next_k() gives it for the call,
         or a step rule (policy.InterleavedSteps: it has observe_step) that picks k before every engine step."""
-        rule = draft_length if speculate and hasattr(draft_length, "observe_step") and self._scheduler else None
+        steps = hasattr(draft_length, "observe_step") and self._scheduler is not None
+        # A plain call is timed by its rule on the plain engine; on the speculative one only calls at k are.
+        rule = draft_length if steps and (speculate or self.plain_llm is not None) else None
         k = draft_length if isinstance(draft_length, int) else (draft_length.next_k() if draft_length else 4)
         k = self.set_k(k if speculate else 0)
-        plain = k == 0 and rule is None
+        plain = k == 0 and (rule is None or not speculate)
         caps = max_new_per_row or [max_new_tokens] * len(prompt_ids)
         if seeds and not self.row_seeds and not sampling.greedy:
             if not self._warned_seeds:

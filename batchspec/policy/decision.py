@@ -18,6 +18,7 @@ class DecisionKind(StrEnum):
     UNCALIBRATED = "uncalibrated"  # on: no costs and none to be measured, so the default
     MEASURING = "measuring"  # on: the call times its own plain and speculative steps (vllm)
     LOOK = "look"  # on: a sample of the shard's rows measures its own acceptance at k (vllm)
+    LOOK_PLAIN = "look_plain"  # off: as many rows run plain on the engine without speculation (vllm, two engines)
     CANNOT_PAY = "cannot_pay"  # off: not even a draft that is always right would pay
     PROBE = "probe"  # on: no acceptance seen yet; a first look at the default k
     ON = "on"  # on: the cost model predicts a speedup past the threshold
@@ -29,7 +30,8 @@ class DecisionKind(StrEnum):
 # How each kind's sentence starts; the rest is the decision's detail.
 _PREFIX = {
     DecisionKind.NO_ROWS: "off: ", DecisionKind.MODE_OFF: "off: ", DecisionKind.MODE_ON: "on: ",
-    DecisionKind.UNCALIBRATED: "on: ", DecisionKind.MEASURING: "on (measuring): ", DecisionKind.LOOK: "on (look): ", DecisionKind.CANNOT_PAY: "off: ",
+    DecisionKind.UNCALIBRATED: "on: ", DecisionKind.MEASURING: "on (measuring): ", DecisionKind.LOOK: "on (look): ",
+    DecisionKind.LOOK_PLAIN: "off (look): ", DecisionKind.CANNOT_PAY: "off: ",
     DecisionKind.PROBE: "on (probe): ", DecisionKind.ON: "on: ", DecisionKind.REPROBE: "on (re-probe): ",
     DecisionKind.OFF: "off: ", DecisionKind.STOPPED: "off for the rest of the call: ",
 }

@@ -97,14 +97,19 @@ class InterleavedSteps:
     the engine that k stays 0 to the call's end, so it may skip the draft.
 
     A block of plain steps costs what speculation would have saved in it: at `every` = 32 and a
-    1.2x speedup, about 1% of the call."""
+    1.2x speedup, about 1% of the call.
+
+    With `interleave` False the call runs at k throughout (k = 0 allowed) and only its clean steps
+    are kept: one arm of a pair of engines (model.vllm_plain_engine), whose plain arm is timed on
+    the engine without speculation, not inside the speculative one's calls."""
 
     def __init__(self, k: int, dense: bool = False, every: int = 32, block: int = 3, guard: bool = True,
-                 guard_points: int = 4):
-        if k < 1 or block < 2 or every < 2:
-            raise ValueError("InterleavedSteps needs k >= 1, block >= 2 and every >= 2")
+                 guard_points: int = 4, interleave: bool = True):
+        if k < (1 if interleave else 0) or block < 2 or every < 2:
+            raise ValueError("InterleavedSteps needs k >= 1 (>= 0 for one arm), block >= 2 and every >= 2")
         self.k_spec, self.dense, self.every, self.block = k, dense, every, block
-        self.guard, self.guard_points = guard, guard_points
+        self.interleave = interleave
+        self.guard, self.guard_points = guard and interleave, guard_points
         self.k = k
         self.settled = False  # k stays where it is to the call's end
         self.stopped: tuple[float, float, float] | None = None  # the speedup interval that turned the call plain
@@ -121,7 +126,7 @@ class InterleavedSteps:
         self._fill_rows = 0  # rows of the last step of the fill
 
     def next_k(self) -> int:
-        if self.settled:
+        if self.settled or not self.interleave:
             return self.k
         if self.k > 0 and self._in_phase >= (self.block if self.dense else self.every):
             self.k, self._in_phase = 0, 0

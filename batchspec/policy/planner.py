@@ -73,6 +73,9 @@ class ActorPolicy:
         self.prefill_row_token_s: tuple[float, float] | None = None
         self._fitted: tuple[StepLine | None, StepLine | None] | None = None
         self.remembered: str | None = None  # "job ... at ...", while decisions rest on remembered numbers
+        # vllm with model.vllm_plain_engine: plain calls run on an engine without speculation, and
+        # the plain arm's steps are timed there (one arm per engine), not in the speculative calls.
+        self.separate_plain = False
 
     @property
     def learns_costs(self) -> bool:
@@ -119,12 +122,31 @@ class ActorPolicy:
     def look(self, rows: int, shards: int) -> tuple[Decision, InterleavedSteps]:
         """The decision a look's rows run under, and its step rule: at k, with plain blocks between
         its steps (InterleavedSteps) that time what a step at k costs against a plain one at every
-        row count the look drains through. Never stopped by its steps: the look is there to measure."""
+        row count the look drains through. Never stopped by its steps: the look is there to measure.
+        With a plain engine apart, the look's rows only time the steps at k (plain_look times the
+        other arm on the plain engine)."""
         k = self.policy.k_default
+        if self.separate_plain:
+            d = Decision(Kind.LOOK, True, k, f"{rows} rows of this call's {shards} shards run at k={k} to measure "
+                         "each shard's own acceptance and time a speculative step", figures=Figures(rows=rows, k=k))
+            return d, InterleavedSteps(k, interleave=False)
         d = Decision(Kind.LOOK, True, k, f"{rows} rows of this call's {shards} shards run at k={k} to measure each "
                      "shard's own acceptance, with plain blocks between their steps timing what a step costs",
                      figures=Figures(rows=rows, k=k))
         return d, InterleavedSteps(k, dense=True, guard=False)
+
+    def plain_look(self, rows: int, shards: int) -> tuple[Decision, InterleavedSteps]:
+        """With a plain engine apart: the decision and step rule of the look's plain half, as many
+        rows again run plain on the engine without speculation, timing a plain step at the same
+        concurrency."""
+        d = Decision(Kind.LOOK_PLAIN, False, 0, f"{rows} rows of this call's {shards} shards run plain on the "
+                     "engine without speculation to time a plain step", figures=Figures(rows=rows, k=0))
+        return d, InterleavedSteps(0, interleave=False)
+
+    def plain_rule(self) -> InterleavedSteps | None:
+        """The step rule of a plain call: with a plain engine apart, one that times its steps (the
+        plain arm's line stays current, as the speculative calls keep theirs); None otherwise."""
+        return InterleavedSteps(0, interleave=False) if self.separate_plain and self.learns_costs else None
 
     def decide_own(self, shard: ShardProgress, alpha: float | None, rows: int, tokens_per_step: float | None,
                    concurrency: int, new_tokens: float | None = None) -> Decision:
@@ -217,6 +239,8 @@ class ActorPolicy:
         """The rule of a call at k: a plain block every InterleavedSteps.every steps (the control
         that keeps the step lines current), and plain for the rest of the call once its own steps
         show speculation slower with 95% confidence. Dense blocks while no costs are known."""
+        if self.separate_plain:  # the plain arm is timed on the plain engine's own calls
+            return InterleavedSteps(k, interleave=False)
         return InterleavedSteps(k, dense=self.costs_at(concurrency) is None)
 
     # -- the rule a call runs under -----------------------------------------------------------
@@ -249,6 +273,8 @@ class ActorPolicy:
             positions = sum(prompt_lengths) / len(prompt_lengths)
             rows = min(len(prompt_lengths), concurrency) or 1
             pre, pre_draft = rule.prefill_costs()
+            if rule.k_spec == 0 and self.prefill_row_token_s is not None:  # a plain arm: no draft to learn
+                pre_draft = self.prefill_row_token_s[1] * positions * rows
             self.prefill_row_token_s = (pre / positions / rows, pre_draft / positions / rows)
         if (costs := self.costs_at(concurrency)) is not None and self.lines()[0] is not None:
             self.costs_by_batch[concurrency] = costs

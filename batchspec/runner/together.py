@@ -48,7 +48,7 @@ def together(calls: Calls, works: list[ShardWork]) -> None:
         groups.setdefault((d.speculate, d.k), []).append(w)
     for (speculate, k), members in groups.items():
         batch = [(w, r) for w in members for r in w.valid[w.done:]]
-        rule = calls.draft_length(k, len(batch)) if speculate else None
+        rule = calls.draft_length(k, len(batch)) if speculate else calls.planner.plain_rule()
         _timed(calls, batch, members[0].decisions[-1], rule, spent)
     for w in works:
         w.gen_s = spent[id(w)]
@@ -60,27 +60,54 @@ def _look(calls: Calls, works: list[ShardWork], spent: dict[int, float]
           ) -> dict[int, tuple[float | None, float | None, int, float | None]]:
     """Run each shard's look rows (evenly spread over its rows) in one call at the call's
     concurrency, interleaved across shards, so that no shard's acceptance is another's; returns
-    each shard's (own acceptance, tokens per verify step, rows, mean completion tokens) from them."""
+    each shard's (own acceptance, tokens per verify step, rows, mean completion tokens) from them.
+    With a plain engine apart, as many rows again then run plain on it, timing the plain arm at
+    the same concurrency."""
     c = calls.concurrency(sum(len(w.valid) for w in works))
     sizes = calls.planner.look_sizes([len(w.valid) for w in works], c)
-    for w, n in zip(works, sizes):
-        step = len(w.valid) / n
-        picked = {int(i * step) for i in range(n)}
-        w.valid[:] = [r for i, r in enumerate(w.valid) if i in picked] + [r for i, r in enumerate(w.valid) if i not in picked]
-    batch = [(w, w.valid[i]) for i in range(max(sizes)) for w, n in zip(works, sizes) if i < n]
+    arms = 2 if calls.planner.separate_plain else 1
+    totals = [min(len(w.valid), arms * n) for w, n in zip(works, sizes)]
+    for w, total in zip(works, totals):
+        _spread_first(w, total, arms)
+    spec_rows = [-(-total // arms) for total in totals]
+    batch = [(w, w.valid[i]) for i in range(max(spec_rows)) for w, n in zip(works, spec_rows) if i < n]
     decision, rule = calls.planner.look(len(batch), len(works))
-    for w in works:
-        w.decisions.append(decision)
-        log_event(log, f"policy: {decision.reason}", job=calls.job_id, shard=w.shard.shard, at_row=0)
-    _timed(calls, batch, decision, rule, spent)
+    _run_look(calls, works, batch, decision, rule, spent)
+    if arms == 2:  # the rest of each shard's spread rows, plain on the engine without speculation
+        plain = [(w, w.valid[n + i]) for i in range(max(sizes)) for w, n, total in zip(works, spec_rows, totals)
+                 if n + i < total]
+        if plain:
+            _run_look(calls, works, plain, *calls.planner.plain_look(len(plain), len(works)), spent)
     k = decision.k
     out = {}
-    for w, n in zip(works, sizes):
+    for w, n, total in zip(works, spec_rows, totals):
         stats = [w.results[r.row_index][0].stats for r in w.valid[:n] if r.row_index in w.results]
         alpha, per_step = calls.planner.own_acceptance([(s.accepted_tokens, s.spec_rounds) for s in stats], k)
-        new_tokens = sum(s.completion_tokens for s in stats) / len(stats) if stats else None
+        lengths = [w.results[r.row_index][0].stats.completion_tokens for r in w.valid[:total] if r.row_index in w.results]
+        new_tokens = sum(lengths) / len(lengths) if lengths else None
         out[id(w)] = (alpha, per_step, len(stats), new_tokens)
     return out
+
+
+def _spread_first(work: ShardWork, n: int, arms: int) -> None:
+    """Move n of the shard's rows, evenly spread over it, to the front of its rows to generate,
+    dealt to `arms` looks in turn (the first arm's rows first), so that each arm's rows spread over
+    the shard's prompt lengths alike (rows are sorted by prompt length)."""
+    step = len(work.valid) / n
+    picked = sorted({int(i * step) for i in range(n)})
+    dealt = [i for arm in range(arms) for i in picked[arm::arms]]
+    rest = set(picked)
+    work.valid[:] = [work.valid[i] for i in dealt] + [r for i, r in enumerate(work.valid) if i not in rest]
+
+
+def _run_look(calls: Calls, works: list[ShardWork], batch: list[tuple[ShardWork, RowInput]], decision: Decision,
+              rule, spent: dict[int, float]) -> None:
+    """A look call, its decision recorded in every shard it looks at."""
+    for w in works:
+        w.decisions.append(decision)
+        log_event(log, f"policy: {decision.reason}", job=calls.job_id, shard=w.shard.shard, at_row=w.done)
+    _timed(calls, batch, decision, rule, spent)
+
 
 def _timed(calls: Calls, batch: list[tuple[ShardWork, RowInput]], decision: Decision, rule, spent: dict[int, float]) -> None:
     """One call (_run_block), its measured time split among the shards it ran rows of by what

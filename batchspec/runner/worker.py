@@ -50,11 +50,12 @@ class ShardRunner:
         pa.Table.from_pylist([], schema=OUTPUT_SCHEMA)
         sp = spec.speculation
         mode = "off" if m.draft.kind == "none" else sp.mode
-        # vLLM with one engine: costs come from the steps of real calls (policy.InterleavedSteps), no calibration.
+        # vLLM: costs come from the steps of real calls (policy.InterleavedSteps), no calibration.
         measure_in_call = mode == "auto" and engine.learns_costs
         # The actor's decisions, and the state they rest on (policy/planner.py).
         self.planner = ActorPolicy(Policy(mode, k_default=sp.num_speculative_tokens,
                                           k_max=max(8, sp.num_speculative_tokens), measure_in_call=measure_in_call))
+        self.planner.separate_plain = measure_in_call and engine.separate_plain
         self.policy = self.planner.policy
         # What earlier runs measured on this node (runner/memory.py): the first call need not measure.
         self.memory = PolicyMemory.for_spec(spec, engine.name) if mode == "auto" else None
