@@ -152,6 +152,41 @@ def test_with_a_plain_engine_apart_each_arm_is_timed_on_its_own_engine():
         InterleavedSteps(0)  # interleaving needs an arm at k >= 1
 
 
+def _two_engine_plan(spec_seconds) -> ActorPolicy:
+    """A planner with a plain engine apart whose look timed steps at k (spec_seconds, one per row
+    count from 8 down) and plain steps of 0.010 s."""
+    plan = planner(costs_known=False, measure_in_call=True)
+    plan.separate_plain = True
+    look, rule = plan.look(8, 1)
+    rule.observe_step(4, 0.05, 8, 8, True)
+    for rows, seconds in zip(range(8, 0, -1), spec_seconds):
+        rule.observe_step(4, seconds, rows * 3, rows, False)
+    plan.learn(rule, look, 8, [20] * 8)
+    plain_look, plain = plan.plain_look(8, 1)
+    plain.observe_step(0, 0.04, 8, 8, True)
+    for rows in range(8, 0, -1):
+        plain.observe_step(0, 0.010, rows, rows, False)
+    plan.learn(plain, plain_look, 8, [20] * 8)
+    return plan
+
+
+def test_with_a_plain_engine_apart_a_shard_is_decided_on_the_central_estimate_unless_its_slow_end_loses():
+    """Both arms timed on their own engines: "on" where the central prediction passes the
+    threshold and the step ratio's slow end still pays; "off", saying why, where the slow end of a
+    noisy ratio predicts a loss though the central estimate is the same."""
+    alpha, per_step = ActorPolicy.own_acceptance([(25, 10)] * 8, 4)  # 3.5 tokens a verify step
+    tight = _two_engine_plan([0.030] * 8)
+    on = tight.decide_own(Shard([20] * 8), alpha, 8, per_step, 8)
+    assert on.kind is DecisionKind.ON and on.speculate and "at the slow end of the step ratio's 95% interval)" in on.reason
+    noisy = _two_engine_plan([0.020, 0.040] * 4)
+    off = noisy.decide_own(Shard([20] * 8), alpha, 8, per_step, 8)
+    assert off.kind is DecisionKind.OFF and not off.speculate
+    assert off.predicted_speedup == pytest.approx(on.predicted_speedup, rel=0.05) and off.predicted_speedup >= 1.05
+    assert "(< 1.00x) at the slow end of the step ratio's 95% interval" in off.reason
+    low, high = off.figures.step_ratio_interval
+    assert low < high and tight.decide_own(Shard([20] * 8), alpha, 8, per_step, 8).figures.step_ratio_interval[1] < high
+
+
 def test_without_step_costs_a_shard_is_measured_in_its_call():
     plan = planner(costs_known=False, measure_in_call=True)
     d = plan.decide_own(Shard([20] * 8), 0.8, 8, 3.0, 8)

@@ -167,13 +167,16 @@ class ActorPolicy:
             expected = new_tokens if new_tokens else _profile(shard).expected_new_tokens
             profile = LengthProfile(shard.pending_prompt_lengths(), expected)
             cautious = self._cautious(costs, concurrency)
-            self.policy.costs = cautious or costs
-            d = self.policy.decide(profile, None, at_row=shard.done, alpha=alpha, ks=ks)
+            if self.separate_plain:
+                d = self._decide_central(profile, shard.done, alpha, ks, costs, cautious)
+            else:
+                self.policy.costs = cautious or costs
+                d = self.policy.decide(profile, None, at_row=shard.done, alpha=alpha, ks=ks)
             self.policy.costs = costs
             if costs is not None and alpha is not None and profile.prompt_tokens:
                 own = max(self.policy.predict(profile, alpha, k, costs) for k in ks or (self.policy.k_default,))
                 d.figures = dataclasses.replace(d.figures, predicted_own=round(own, 3))
-                if cautious is not None and d.predicted_speedup is not None:
+                if cautious is not None and d.predicted_speedup is not None and not self.separate_plain:
                     d.detail += f" at the slow end of the step ratio's 95% interval (central estimate {own:.2f}x)"
         d.figures = dataclasses.replace(d.figures, look_rows=rows or None, tokens_per_step=tokens_per_step,
                                         **self._cost_figures(concurrency))
@@ -181,6 +184,29 @@ class ActorPolicy:
         d = self.mark_remembered(d)
         shard.decisions.append(d)
         return d
+
+    def _decide_central(self, profile: LengthProfile, at_row: int, alpha: float | None, ks: tuple[int, ...] | None,
+                        costs: Costs | None, cautious: Costs | None) -> Decision:
+        """A shard's decision where each arm was timed on its own engine (separate_plain): on the
+        central estimate against the threshold, vetoed where the slow end of the step ratio's 95%
+        interval predicts a loss. With one engine the slow end itself must pass the threshold
+        (decide_own): its plain arm, timed at k = 0 inside the speculative engine, is slower than
+        plain decoding and its central estimate runs high; timed on a plain engine it does not, and
+        the slow end's caution turned off shards that bare runs showed faster speculating
+        (docs/benchmarks.md, the nightly job)."""
+        self.policy.costs = costs
+        d = self.policy.decide(profile, None, at_row=at_row, alpha=alpha, ks=ks)
+        if d.kind is not Kind.ON or cautious is None or d.alpha is None:
+            return d
+        self.policy.costs = cautious
+        _, low = self.policy.best_k(profile, d.alpha, ks)
+        self.policy.costs = costs
+        if low >= 1.0:
+            d.detail += f" ({low:.2f}x at the slow end of the step ratio's 95% interval)"
+            return d
+        return Decision(Kind.OFF, False, 0, f"per-token acceptance {d.alpha:.2f}, k={d.k}, predicted {d.predicted_speedup:.2f}x "
+                        f"but {low:.2f}x (< 1.00x) at the slow end of the step ratio's 95% interval",
+                        d.predicted_speedup, d.alpha, at_row, d.figures)
 
     def _cautious(self, costs: Costs | None, concurrency: int) -> Costs | None:
         """The costs with a step at k at the upper end of the step ratio's 95% interval (None

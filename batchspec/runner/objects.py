@@ -47,14 +47,14 @@ class ObjectFiles:
     def write_json(self, dest: str, obj: Any) -> None:
         with tempfile.TemporaryDirectory(prefix="batchspec-meta-") as tmp:
             local = os.path.join(tmp, "obj.json")
-            with open(local, "w") as f:
-                json.dump(obj, f, indent=2, sort_keys=True, default=str)
+            with open(local, "wb") as f:
+                f.write(_json_bytes(obj))
             self.publish(local, dest)
 
     def create_exclusive(self, dest: str, obj: Any) -> bool:
         """Write dest only if it does not exist (a hard link locally, If-None-Match: * on S3).
         Returns False when it already exists."""
-        data = json.dumps(obj, indent=2, sort_keys=True, default=str).encode()
+        data = _json_bytes(obj)
         if self.is_local:
             with _folder_lock(dest):  # not between another writer's compare and its replace
                 return self._link_new(dest, data)
@@ -185,7 +185,7 @@ class ObjectFiles:
         if tag is None or not self.is_s3:
             self.write_json(dest, obj)
             return True
-        data = json.dumps(obj, indent=2, sort_keys=True, default=str).encode()
+        data = _json_bytes(obj)
         try:
             self.fs.pipe_file(dest, data, IfMatch=tag)
             return True
@@ -194,6 +194,11 @@ class ObjectFiles:
                 self.fs.invalidate_cache(dest)
                 return False
             raise
+
+
+def _json_bytes(obj: Any) -> bytes:
+    """How the output's metadata is written: indented, keys sorted, anything else as its str()."""
+    return json.dumps(obj, indent=2, sort_keys=True, default=str).encode()
 
 
 @contextlib.contextmanager
