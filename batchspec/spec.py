@@ -77,9 +77,10 @@ class ModelSpec(_Strict):
         "gpu_memory_utilization: 0.85}. Default enforce_eager is true on CPU (start in seconds, not minutes).")
     vllm_plain_engine: bool = Field(
         False, description="vllm backend: a second engine without speculation for the calls the policy runs "
-        "plain, at the price of the weights and KV cache twice (on GPU, split gpu_memory_utilization between the "
-        "two through vllm_args). Rarely worth it now: the speculative engine skips its draft in calls that run "
-        "plain to their end, which made them as fast as a plain engine (docs/policy.md).")
+        "plain, on which the policy also times the plain arm (its look runs half its rows there), at the price of "
+        "the weights and KV cache twice (on GPU, split gpu_memory_utilization between the two through vllm_args). "
+        "The speculative engine's own plain steps run slower than plain decoding, so without it decisions lean "
+        "toward speculating; with it the predictions match bare vLLM's (docs/benchmarks.md, the nightly job).")
     draft: DraftSpecModel = Field(default_factory=DraftSpecModel, description="The draft that proposes tokens.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto = bfloat16 on CUDA, float32 on CPU. On a GPU, bfloat16 greedy output "
