@@ -39,8 +39,10 @@ code = open(sys.argv[2]).read()
 class Bare:
     def pid(self):
         return os.getpid()
-    def run(self, path):
+    def run(self, path, pin):
         import contextlib, io
+        if pin is not None:  # this thread and those it starts (the engine's) on one core
+            os.sched_setaffinity(0, {pin})
         buf = io.StringIO()
         sys.argv = ["bare", path]
         with contextlib.redirect_stdout(buf):
@@ -61,19 +63,18 @@ def threads(pid):
 
 actor = Bare.remote()
 pid = ray.get(actor.pid.remote())
-result = actor.run.remote(sys.argv[1])
+result = actor.run.remote(sys.argv[1], int(sys.argv[3]) if len(sys.argv) > 3 else None)
 first, t0 = threads(pid), time.time()
 samples = [(t0, first)]
 while not ray.wait([result], timeout=0.5)[0]:
     samples.append((time.time(), threads(pid)))
 line = [l for l in ray.get(result).splitlines() if l.startswith("RESULT")][0]
 res = json.loads(line[6:])
-# CPU per thread name over the last 80% of the samples (after the engine's start-up)
+# CPU per thread name over the last 80% of the samples (mostly generation)
 a, b = samples[len(samples) // 5], samples[-1]
 by_name = {}
-for tid, (name, cpu) in b[1].items():
-    if tid in a[1]:
-        by_name[name] = by_name.get(name, 0.0) + cpu - a[1][tid][1]
+for tid, (name, cpu) in b[1].items():  # a thread started since (the engine's OpenMP pool): all of its CPU
+    by_name[name] = by_name.get(name, 0.0) + cpu - (a[1][tid][1] if tid in a[1] else 0.0)
 res["actor_threads_cpu_s"] = {k: round(v, 2) for k, v in sorted(by_name.items(), key=lambda kv: -kv[1]) if v > 0.01}
 res["sampled_s"] = round(b[0] - a[0], 1)
 print("RESULT" + json.dumps(res))
@@ -85,6 +86,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=64, help="max_num_seqs (256: vLLM's default)")
     ap.add_argument("--rows", type=int, default=300, help="rows per shard (8 shards)")
+    ap.add_argument("--pin", type=int, default=None, help="also run the actor with its engine pinned to this core")
     args = ap.parse_args()
     from batchspec.engine.vllm_backend import engine_args
     from batchspec.spec import load_spec
@@ -101,17 +103,22 @@ def main() -> None:
                                "max_new_tokens": spec.generation.max_new_tokens, "stop": spec.generation.stop}))
     code = tmp / "bare.py"
     code.write_text(nightly.BARE.split("apart = {}")[0] + 'print("RESULT" + json.dumps({"generate_s": gen}))\n')
-    times: dict[str, list[float]] = {"process": [], "actor": []}
+    variants = {"actor": ()} | ({f"actor pinned to core {args.pin}": (str(args.pin),)} if args.pin is not None else {})
+    times: dict[str, list[float]] = {"process": [], **{name: [] for name in variants}}
     print(f"threads: {os.cpu_count()} cores; {args.rows * 8} rows at max_num_seqs {args.concurrency}", flush=True)
     for rep in range(args.repeats):
         times["process"].append(child_result(code.read_text(), str(cfg), what="bare process")["generate_s"])
-        res = child_result(ACTOR, str(cfg), str(code), what="bare in a Ray actor")
-        times["actor"].append(res["generate_s"])
-        print(f"{rep}: process {times['process'][-1]:.2f} s, actor {times['actor'][-1]:.2f} s; actor threads' CPU-s "
-              f"over {res['sampled_s']} s: {res['actor_threads_cpu_s']}", flush=True)
-    p, a = statistics.median(times["process"]), statistics.median(times["actor"])
-    ratios = sorted(x / y for x, y in zip(times["actor"], times["process"]))
-    print(f"median: process {p:.2f} s, actor {a:.2f} s; actor / process per pair {', '.join(f'{r:.2f}' for r in ratios)}")
+        line = [f"{rep}: process {times['process'][-1]:.2f} s"]
+        for name, extra in variants.items():
+            res = child_result(ACTOR, str(cfg), str(code), *extra, what="bare in a Ray actor")
+            times[name].append(res["generate_s"])
+            line.append(f"{name} {res['generate_s']:.2f} s (threads' CPU-s over {res['sampled_s']} s: "
+                        f"{res['actor_threads_cpu_s']})")
+        print("; ".join(line), flush=True)
+    for name in variants:
+        ratios = sorted(x / y for x, y in zip(times[name], times["process"]))
+        print(f"median: process {statistics.median(times['process']):.2f} s, {name} {statistics.median(times[name]):.2f} s; "
+              f"per pair {', '.join(f'{r:.2f}' for r in ratios)}")
 
 
 if __name__ == "__main__":
