@@ -1044,6 +1044,7 @@ def test_with_a_plain_engine_the_look_times_each_arm_on_its_own_engine(tmp_path,
         for m in manifests:
             look, plain_look, own = m["decisions"][:3]
             assert look["kind"] == "look" and plain_look["kind"] == "look_plain" and not plain_look["speculate"]
+            assert look["at_row"] == 0 and plain_look["at_row"] == 8  # after the shard's 8 rows at k
             assert own["numbers"]["look_rows"] == 8 and own["numbers"]["clean_steps"] >= 2
             assert own["kind"] in ("on", "off", "cannot_pay")
         assert set(runner.planner.points) == {0, 4} and runner.planner.prefill_row_token_s[1] > 0

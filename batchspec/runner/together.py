@@ -7,6 +7,7 @@ measured from the same step lines (policy/planner.py).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -102,9 +103,9 @@ def _spread_first(work: ShardWork, n: int, arms: int) -> None:
 
 def _run_look(calls: Calls, works: list[ShardWork], batch: list[tuple[ShardWork, RowInput]], decision: Decision,
               rule, spent: dict[int, float]) -> None:
-    """A look call, its decision recorded in every shard it looks at."""
+    """A look call, its decision recorded in every shard it looks at, from the row each is at."""
     for w in works:
-        w.decisions.append(decision)
+        w.decisions.append(dataclasses.replace(decision, at_row=w.done))
         log_event(log, f"policy: {decision.reason}", job=calls.job_id, shard=w.shard.shard, at_row=w.done)
     _timed(calls, batch, decision, rule, spent)
 
