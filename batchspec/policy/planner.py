@@ -126,13 +126,12 @@ class ActorPolicy:
         With a plain engine apart, the look's rows only time the steps at k (plain_look times the
         other arm on the plain engine)."""
         k = self.policy.k_default
-        if self.separate_plain:
-            d = Decision(Kind.LOOK, True, k, f"{rows} rows of this call's {shards} shards run at k={k} to measure "
-                         "each shard's own acceptance and time a speculative step", figures=Figures(rows=rows, k=k))
-            return d, InterleavedSteps(k, interleave=False)
+        timing = (" and time a speculative step" if self.separate_plain
+                  else ", with plain blocks between their steps timing what a step costs")
         d = Decision(Kind.LOOK, True, k, f"{rows} rows of this call's {shards} shards run at k={k} to measure each "
-                     "shard's own acceptance, with plain blocks between their steps timing what a step costs",
-                     figures=Figures(rows=rows, k=k))
+                     f"shard's own acceptance{timing}", figures=Figures(rows=rows, k=k))
+        if self.separate_plain:
+            return d, InterleavedSteps(k, interleave=False)
         return d, InterleavedSteps(k, dense=True, guard=False)
 
     def plain_look(self, rows: int, shards: int) -> tuple[Decision, InterleavedSteps]:
@@ -298,10 +297,10 @@ class ActorPolicy:
         if rule.prefill_s > 0 and prompt_lengths:
             positions = sum(prompt_lengths) / len(prompt_lengths)
             rows = min(len(prompt_lengths), concurrency) or 1
-            pre, pre_draft = rule.prefill_costs()
+            pre, pre_draft = (x / positions / rows for x in rule.prefill_costs())
             if rule.k_spec == 0 and self.prefill_row_token_s is not None:  # a plain arm: no draft to learn
-                pre_draft = self.prefill_row_token_s[1] * positions * rows
-            self.prefill_row_token_s = (pre / positions / rows, pre_draft / positions / rows)
+                pre_draft = self.prefill_row_token_s[1]
+            self.prefill_row_token_s = (pre, pre_draft)
         if (costs := self.costs_at(concurrency)) is not None and self.lines()[0] is not None:
             self.costs_by_batch[concurrency] = costs
         self.policy.costs = self.costs_at(concurrency)
