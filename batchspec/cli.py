@@ -48,7 +48,8 @@ def _options(pairs: list[str]) -> dict:
 
 def _run(job: str, overrides: list[str], address: str | None, force: bool, quiet: bool, log_format: str,
          require_existing: bool, worker_logs: bool = False, progress_every: float = 30.0) -> None:
-    from .runner.logs import capture_stderr, configure
+    from .runner.logs import configure
+    from .runner.stderr import capture_stderr
 
     if log_format not in ("text", "json"):
         _die(f"--log-format must be text or json, not {log_format!r}")

@@ -123,7 +123,7 @@ def test_json_logs_with_worker_logs_on_vllm_leave_stdout_empty_and_keep_vllms_le
 
 
 def test_json_line_reads_vllms_own_format_and_leaves_other_lines_whole():
-    from batchspec.runner.logs import json_line
+    from batchspec.runner.stderr import json_line
 
     vllm = json.loads(json_line("\x1b[36m(ShardWorker pid=7)\x1b[0m (MainProcess pid=7) WARNING 12-01 06:55:52 "
                                 "[api_utils.py:286] seed [set]"))
@@ -415,7 +415,7 @@ def test_a_line_ray_repeats_every_second_is_printed_once_with_a_count(fmt):
     cluster whose token does not match); batchspec's stderr filter prints it once and counts."""
     script = f"""
 import os
-from batchspec.runner.logs import capture_stderr
+from batchspec.runner.stderr import capture_stderr
 capture_stderr({fmt!r})
 for i in range(20):
     os.write(2, f"[2026-11-30 16:47:{{i:02d}},884 W 25974 25974] gcs_client.cc:210: Failed to get cluster ID\\n".encode())

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from batchspec.runner.dataset import CrashLedger, run_calls
+from batchspec.runner.callmap import CrashLedger
+from batchspec.runner.dataset import run_calls
 
 
 @pytest.fixture()
@@ -115,7 +116,8 @@ def test_vllm_calls_hold_enough_rows_for_vllms_batch_and_at_most_an_actors_share
     """plan_calls: many small files fill vLLM's batch (256 rows by default) instead of 8 shards a
     call; large shards still go 8 a call; an actor never takes more than its equal share; hf and
     an explicit shards_per_call are a fixed count."""
-    from batchspec.runner.plan import Shard, plan_calls
+    from batchspec.runner.packing import plan_calls
+    from batchspec.runner.plan import Shard
     from batchspec.spec import ResourcesSpec
 
     def shards(n, rows):
@@ -137,9 +139,10 @@ def test_vllm_calls_hold_enough_rows_for_vllms_batch_and_at_most_an_actors_share
 
 
 def test_calls_of_few_rows_go_several_to_a_ray_data_task_while_every_actor_keeps_tasks_to_take():
-    """plan.calls_per_block: a task holds calls until it has BLOCK_ROWS rows, never so many that
+    """packing.calls_per_block: a task holds calls until it has BLOCK_ROWS rows, never so many that
     the job has fewer than BLOCKS_PER_ACTOR tasks per actor; calls of many rows go one a task."""
-    from batchspec.runner.plan import Shard, calls_per_block
+    from batchspec.runner.packing import calls_per_block
+    from batchspec.runner.plan import Shard
 
     def calls(n, rows):
         return [[Shard(f"s{i}", f"/in/s{i}.parquet", 0, rows, {})] for i in range(n)]

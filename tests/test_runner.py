@@ -10,12 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import local_writer, part_ids, record_fault, result_of, s3_writer, write_prompt_shards
 
-from batchspec.runner.job import prepare, submit
+from batchspec.runner.job import submit
 from batchspec.runner.outcome import JobRefused
 from batchspec.runner.progress import startup_text
 from batchspec.runner.record import status
 from batchspec.runner.schema import OUTPUT_SCHEMA
 from batchspec.runner.store import OutputStore
+from batchspec.runner.todo import prepare
 from batchspec.spec import spec_from_dict
 
 
@@ -171,7 +172,7 @@ def test_a_changed_spec_is_taken_where_nothing_was_committed(models_dir, tmp_pat
     """Every shard of a run failed (here: the job record of a run that committed nothing, as when
     `model.device: cuda` found no GPU): the fixed spec runs without --force. With one committed
     shard the same change is refused, since the output would mix two specs."""
-    from batchspec.runner.job import prepare
+    from batchspec.runner.todo import prepare
 
     write_prompt_shards(local_writer(tmp_path / "in"), 2, 3)
     spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"))
@@ -616,13 +617,14 @@ def test_lease_of_a_dead_local_process_is_taken_over_at_once(tmp_path):
     import subprocess
     import sys
 
-    from batchspec.runner.lease import Lease, LeaseHeld, _process_started
+    from batchspec.runner.lease import Lease, LeaseHeld
+    from batchspec.runner.lease_state import process_started
 
     store = OutputStore(str(tmp_path / "out"))
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     held = Lease(store, "killed-run")
     record = held._record(0.0)  # as the child would have written it
-    record.update(pid=child.pid, owner=f"{record['host']}:{child.pid}", pid_started=_process_started(child.pid))
+    record.update(pid=child.pid, owner=f"{record['host']}:{child.pid}", pid_started=process_started(child.pid))
     assert store.create_exclusive(held.path, record)
     with pytest.raises(LeaseHeld, match="in use by job killed-run"):  # alive: refused
         Lease(store, "second").acquire()

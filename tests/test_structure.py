@@ -132,6 +132,17 @@ def test_functions_and_classes_fit_in_a_readers_head():
     assert not fixed, "now within the limit: take it off OVER_LIMIT"
 
 
+RUNNER_MODULE_LINES = 170  # issue 38: the runner as stages, each a module of ~150 lines with one job
+
+
+def test_each_runner_stage_is_a_module_a_reader_can_hold():
+    """runner/ is split by stage (read, plan, run, commit) and by concern within a stage; a module
+    that grows past the limit has taken on a second job (STYLE.md 14)."""
+    long = {p.name: n for p in (PACKAGE / "runner").glob("*.py")
+            if (n := len(p.read_text().splitlines())) > RUNNER_MODULE_LINES}
+    assert not long, f"runner modules over {RUNNER_MODULE_LINES} lines: {long}"
+
+
 def _tool(name: str) -> str:
     exe = Path(sys.executable).parent / name
     if exe.exists():

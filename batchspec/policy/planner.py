@@ -44,7 +44,7 @@ class Saving:
 
 
 class ShardProgress(Protocol):
-    """What the planner reads and records of a shard in progress (runner.read.ShardWork)."""
+    """What the planner reads and records of a shard in progress (runner.work.ShardWork)."""
 
     profile: LengthProfile | None
     decisions: list[Decision]

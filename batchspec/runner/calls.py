@@ -19,7 +19,7 @@ from ..policy import ActorPolicy, CostModelK, Costs, Decision, InterleavedSteps
 from ..spec import JobSpec
 from .faults import FaultPlan
 from .logs import log_event
-from .read import RowInput, ShardWork
+from .work import RowInput, ShardWork
 
 log = logging.getLogger("batchspec.worker")
 

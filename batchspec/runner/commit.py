@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..engine.api import Backend, Completion
     from ..policy import Costs, Decision
     from .plan import Shard
-    from .read import RowInput, ShardWork
+    from .work import RowInput, ShardWork
 
 log = logging.getLogger("batchspec.worker")
 

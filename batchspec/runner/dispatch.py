@@ -15,7 +15,8 @@ from .cluster import actor_env_vars, actor_runtime_env, actor_threads
 from .lease import Lease, LeaseLost
 from .logs import log_event
 from .outcome import JobResult
-from .plan import Shard, calls_per_block, plan_calls
+from .packing import calls_per_block, plan_calls
+from .plan import Shard
 from .record import job_record
 from .store import COUNTED, OutputStore, now_iso, part_names
 
@@ -76,7 +77,8 @@ def _dispatch(plan: RunPlan, result: JobResult) -> dict[str, str | None]:
     """Send the shards to do to the shard actors (runner/dataset.py); returns each shard's error as its actor reported it
     (None when it reported none). Actor starts go into result; each manifest is logged and shown."""
     from .actor import ACTOR_START, ShardWorker, failed_manifest
-    from .dataset import CrashLedger, run_calls
+    from .callmap import CrashLedger
+    from .dataset import run_calls
 
     spec, job_id, backend = plan.spec, plan.job_id, plan.backend
     began_at = time.time() - (time.perf_counter() - plan.started)  # the run's start in wall-clock time

@@ -3,9 +3,7 @@
     result = submit(load_spec("jobs/summarize_legal.yaml"))
     result.failed  # shard ids that failed; rerun() redoes only shards not done
 
-Rerun rules (DESIGN.md): a shard is done when its manifest says so and names a part with its
-input's row count. A run against an output written by a different spec, or whose done shards'
-inputs changed since, is refused unless force=True: the committed parts would be stale.
+What is left to run, and when a run is refused, is runner/todo.py's.
 """
 
 from __future__ import annotations
@@ -17,64 +15,20 @@ import uuid
 from collections.abc import Callable
 
 from ..engine.backend import BackendChoice
-from ..errors import error_line
 from ..spec import JobSpec
 from .cluster import actor_env_vars, actor_threads, init_ray
 from .dispatch import RunPlan, run
 from .lease import Lease, LeaseHeld
 from .logs import log_event
 from .outcome import JobInterrupted, JobRefused, JobResult
-from .plan import Shard, plan_shards
+from .plan import Shard
 from .record import run_entry, status
 from .signals import ctrl_c_kept, sigterm_as_interrupt, sigterm_seen
-from .store import COUNTED, OutputStore, now_iso
+from .store import OutputStore, now_iso
+from .todo import prepare
 
 log = logging.getLogger("batchspec.job")
 
-
-def check_paths(spec: JobSpec, probe: bool = False) -> None:
-    """Refuse an output inside the input; with probe, also one that cannot be written (tried)."""
-    inp, out = spec.input.path.rstrip("/*"), spec.output.path.rstrip("/")
-    if out == inp or out.startswith(inp.rstrip("/") + "/"):
-        raise JobRefused(f"output {spec.output.path} is inside the input {spec.input.path}; parts would be read as input")
-    if probe:
-        problem = OutputStore(spec.output.path, spec.output.storage_options).writable_problem()
-        if problem:
-            raise JobRefused(problem)
-
-
-def prepare(spec: JobSpec, force: bool = False,
-            shards: list[Shard] | None = None) -> tuple[OutputStore, list[Shard], list[Shard], dict]:
-    """(store, all shards, shards to run, manifests); raises JobRefused on a stale or unwritable output.
-    `shards` is a plan the caller already made (validate's), saving a second read of every footer."""
-    check_paths(spec, probe=True)
-    store = OutputStore(spec.output.path, spec.output.storage_options)
-    if shards is None:
-        shards = plan_shards(spec.input.path, spec.input.storage_options, spec.input.max_rows_per_shard)
-    try:
-        manifests = store.manifests(keep=COUNTED)
-        job = store.read_job()
-    except Exception as e:  # the probe wrote, but reading failed: permissions, a broken job.json
-        raise JobRefused(f"cannot read the output {spec.output.path}: {error_line(e)}") from e
-    # One listing of the parts (not a HEAD request per shard on S3), shared by the checks and the todo list.
-    done_manifests = store.committed_manifests(manifests)
-    committed = [s for s in shards if s.shard in done_manifests]
-    if job and not force:
-        # A changed spec is refused only where it would mix outputs: with no shard committed (e.g. every
-        # shard failed to load the model), the fixed spec simply replaces the old one.
-        if committed and job.get("spec_hash") != spec.output_hash():
-            raise JobRefused(
-                f"{spec.output.path} holds output of a different spec (spec hash {job.get('spec_hash', '?')[:12]} vs "
-                f"{spec.output_hash()[:12]}); use a new output path, or --force to overwrite shard by shard")
-        changed = [s.shard for s in committed if manifests[s.shard].get("input") != s.fingerprint]
-        if changed:
-            raise JobRefused(
-                f"input changed for {len(changed)} committed shard(s) ({', '.join(changed[:5])}); their output would be "
-                "stale. Use --force to regenerate them")
-    done = {s.shard for s in committed if s.has_every_row(manifests[s.shard])}  # store.shard_done, one HEAD fewer
-    spec_hash = spec.output_hash()
-    todo = [s for s in shards if force and s.is_stale(manifests.get(s.shard), spec_hash) or s.shard not in done]
-    return store, shards, todo, manifests
 
 def submit(spec: JobSpec, address: str | None = None, force: bool = False,
            on_shard: Callable[[dict], None] | None = None, on_plan: Callable[[list[Shard], list[Shard]], None] | None = None,

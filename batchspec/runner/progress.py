@@ -22,7 +22,7 @@ class Progress:
     not a line a shard; a failed shard always has its own line."""
 
     def __init__(self, enabled: bool = True, stream=None, every_s: float = 30.0):
-        # stream: the real stderr when the driver filters file descriptor 2 (logs.capture_stderr).
+        # stream: the real stderr when the driver filters file descriptor 2 (stderr.capture_stderr).
         # soft_wrap: a line longer than the terminal (or than 80 columns, when stderr is a file or
         # a pipe) stays one line; markup/highlight off: shard ids and errors print as they are.
         stream = stream or sys.stderr

@@ -57,7 +57,7 @@ def status(output: str, storage_options: dict | None = None) -> dict:
     complete: every shard the job planned is committed (manifest says done and its part exists),
     whatever _SUCCESS says: a part deleted after the run makes the job incomplete again.
     """
-    from .lease import read_lease, takeover_reason
+    from .lease_state import read_lease, takeover_reason
 
     store = OutputStore(output, storage_options)
     job = store.read_job()

@@ -18,15 +18,13 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import error_line
-from .objects import ObjectFiles
+from .conditional import ConditionalFiles
 from .plan import safe_name
 
 if TYPE_CHECKING:
@@ -36,7 +34,7 @@ if TYPE_CHECKING:
 COUNTED = ("shard", "status", "part", "rows_out", "error_rows", "error", "attempts", "input", "spec_hash", "tokens")
 
 
-class OutputStore(ObjectFiles):
+class OutputStore(ConditionalFiles):
     """One output's layout (above) on its whole-file writes (ObjectFiles): parts, manifests, the
     job record and _SUCCESS, and the one answer to "is this shard committed"."""
 
@@ -57,28 +55,6 @@ class OutputStore(ObjectFiles):
 
     def manifest_path(self, shard: str) -> str:
         return self.meta_path("shards", f"{safe_name(shard)}.json")
-
-    def writable_problem(self) -> str | None:
-        """Why nothing can be written at this output, found by trying (None when it can)."""
-        if self.is_local:
-            path = os.path.abspath(self.root)
-            probe = path
-            while not os.path.exists(probe):
-                probe = os.path.dirname(probe)
-            if not os.path.isdir(probe):
-                return f"output {self.url} is under {probe}, which is a file, not a directory"
-            if not os.access(probe, os.W_OK | os.X_OK):
-                return f"output {self.url} cannot be created or written: no write permission on {probe}"
-            if os.path.isdir(path) and not os.access(path, os.W_OK | os.X_OK):
-                return f"output {self.url} is not writable (no write permission)"
-            return None
-        probe = self.meta_path(f".write-probe-{uuid.uuid4().hex[:8]}")
-        try:
-            self.fs.pipe_file(probe, b"")
-            self.fs.rm(probe)
-        except Exception as e:
-            return f"output {self.url} is not writable: {error_line(e)}"
-        return None
 
     # writes ----------------------------------------------------------------------------------
     def write_part(self, shard: str, table: pa.Table) -> dict:

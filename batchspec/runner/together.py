@@ -14,7 +14,7 @@ import time
 from ..policy import ActorPolicy, Decision
 from .calls import Calls
 from .logs import log_event
-from .read import RowInput, ShardWork
+from .work import RowInput, ShardWork
 
 log = logging.getLogger("batchspec.worker")
 

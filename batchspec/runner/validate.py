@@ -50,8 +50,9 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
     import fsspec
     import pyarrow.parquet as pq
 
-    from .job import JobRefused, check_paths, pick_backend, prepare
+    from .job import JobRefused, pick_backend
     from .read import needed_columns
+    from .todo import check_paths, prepare
 
     v = Validation()
     try:

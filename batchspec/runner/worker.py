@@ -8,27 +8,26 @@ Ray; runner/actor.py is the Ray actor around it.
 
 from __future__ import annotations
 
-import functools
-import gc
 import logging
 import time
 
 import pyarrow as pa
 
-from ..engine.api import Backend
 from ..policy import ActorPolicy, LengthProfile, Policy
 from ..spec import JobSpec
 from .calls import Calls
 from .commit import commit_shard, committed_already, fail_shard
 from .faults import FaultPlan
-from .lease import taken_over_by
+from .lease_state import taken_over_by
+from .load import load_actor_backend
 from .logs import log_event, worker_id
 from .memory import PolicyMemory
 from .plan import Shard
-from .read import ShardReadError, ShardWork, read_shard, tokenized_rows
+from .read import ShardReadError, read_shard, tokenized_rows
 from .schema import OUTPUT_SCHEMA
 from .store import OutputStore, now_iso
 from .together import measured_saving, together
+from .work import ShardWork
 
 log = logging.getLogger("batchspec.worker")
 
@@ -151,33 +150,3 @@ class ShardRunner:
         work = ShardWork(shard, base, attempt, table.num_rows, rows, valid, time.perf_counter() - t0)
         work.profile = LengthProfile([len(r.token_ids) for r in valid], self.calls.expected_new(work))
         return work
-
-
-
-
-def load_actor_backend(spec: JobSpec, job_id: str, backend: str | None = None) -> tuple[Backend, str | None]:
-    """The actor's backend (the driver's choice, or the spec's), and why it is another one when
-    auto had to fall back (None otherwise)."""
-    from ..engine.api import ModelLoadError
-    from ..engine.backend import HF_DRAFT_KINDS, backend_for, load_backend
-    from .checkpoints import local_checkpoints
-
-    m = spec.model
-    backend = backend or backend_for(spec).name
-    load = functools.partial(load_backend, spec_model=m, k_default=spec.speculation.num_speculative_tokens,
-                             sampled=spec.generation.temperature > 0, local_paths=local_checkpoints(m))
-    try:
-        return load(backend), None
-    except ModelLoadError as e:
-        # auto promises the backend that can serve the job. Which models vLLM serves shows only
-        # when an engine starts (an architecture it lacks, or on CPU attention heads of 16), so the
-        # actor falls back to the hf engine, which serves any transformers model, and says so in
-        # its log and every manifest it writes.
-        if backend != "vllm" or m.backend != "auto" or m.draft.kind not in HF_DRAFT_KINDS:
-            raise
-        note = f"auto: {str(e).splitlines()[0][:400]}; batchspec's own engine serves it"
-        log_event(log, f"backend: {note}", logging.WARNING, job=job_id)
-        gc.collect()  # the failed engine's memory, before the hf engine loads
-        return load("hf"), note
-
-
