@@ -546,9 +546,8 @@ def measure_costs(backend: VLLMBackend, batch_size: int, sample: list[list[int]]
         first_spec = timed(0, 1, plain=False)[0]  # the speculative engine's own prefill, drafter's included
     if backend._scheduler is not None:
         for k in sorted({1, 2, 4, backend.k_max} & set(range(1, min(4, backend.k_max) + 1))):
-            # Enough tokens for 4 rounds even when every draft token is accepted: with 8 tokens a
-            # good draft finished in 2 rounds, and the call's fixed cost over 2 rounds made k=4
-            # look 14x a plain step on the demo pair.
+            # Enough tokens for 4 rounds even when every draft token is accepted: a good draft
+            # finishes 8 tokens in 2 rounds, over which the call's fixed cost dwarfs a step's.
             Tk = max(T, 4 * (k + 1) + 1)
             total, outs = timed(k, Tk)
             # Each verify step emits 1 + accepted tokens per row, so a row took (Tk - 1) - accepted

@@ -107,7 +107,7 @@ class _ModelCheck(threading.Thread):
 
         try:
             self._problems = resolve_models(self.spec, self.backend, self.notes)
-            # The runner's next import (0.6 s), while Ray's processes start: on the driver's main
+            # The runner's next import, while Ray's processes start: on the driver's main
             # thread it would add to the job's wall time.
             import ray.data  # noqa: F401
         except BaseException as e:  # handed to the caller of result()
