@@ -200,9 +200,11 @@ def submit(
     With speculation.mode auto, each actor starts from what the job's last run measured on its
     node (costs, acceptance; ~/.cache/batchspec/policy, or BATCHSPEC_POLICY_MEMORY; "off" or
     --set speculation.remember=false to start from nothing; docs/policy.md). On vLLM every shard
-    of a call is decided from its own rows: a short look at k measures its acceptance, then its
-    rows run under its own decision, and a speculating call that its own steps show losing
-    decodes plain for the rest (the shard's manifest says so).
+    of a call is decided from its own rows: a short look measures its acceptance and what a step
+    costs at k and plain (plain on a second engine without speculation on CPU actors:
+    model.vllm_plain_engine, auto), then its rows run under its own decision. With one engine, a
+    speculating call that its own steps show losing decodes plain for the rest (the shard's
+    manifest says so).
 
     With model.backend auto, an actor whose vLLM engine cannot start the model (an architecture
     or a draft pairing vLLM refuses) runs batchspec's own engine instead, and says so in a warning

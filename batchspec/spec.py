@@ -75,12 +75,14 @@ class ModelSpec(_Strict):
     vllm_args: dict[str, Any] = Field(
         default_factory=dict, description="Extra vllm.LLM engine arguments, e.g. {max_num_seqs: 128, "
         "gpu_memory_utilization: 0.85}. Default enforce_eager is true on CPU (start in seconds, not minutes).")
-    vllm_plain_engine: bool = Field(
-        False, description="vllm backend: a second engine without speculation for the calls the policy runs "
-        "plain, on which the policy also times the plain arm (its look runs half its rows there), at the price of "
-        "the weights and KV cache twice (on GPU, split gpu_memory_utilization between the two through vllm_args). "
-        "The speculative engine's own plain steps run slower than plain decoding, so without it decisions lean "
-        "toward speculating; with it the predictions match bare vLLM's (docs/benchmarks.md, the nightly job).")
+    vllm_plain_engine: bool | Literal["auto"] = Field(
+        "auto", description="vllm backend: a second engine without speculation for the calls the policy runs "
+        "plain, on which the policy also times the plain arm (its look runs half its rows there). The speculative "
+        "engine's own plain steps run slower than plain decoding, so without it decisions lean toward speculating "
+        "and plain calls pay that floor; with it the predictions match bare vLLM's (docs/benchmarks.md, the nightly "
+        "job). It holds the weights and KV cache twice. auto: on for CPU actors when speculation.mode is auto or "
+        "off; off on GPUs, where the two would need gpu_memory_utilization split between them through vllm_args "
+        "(set true to do that).")
     draft: DraftSpecModel = Field(default_factory=DraftSpecModel, description="The draft that proposes tokens.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto = bfloat16 on CUDA, float32 on CPU. On a GPU, bfloat16 greedy output "

@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_vllm import batchspec, child_result  # noqa: E402
 
 # batchspec's engines per actor (--engines): the suffix of its entries, and the job's settings.
-ENGINES = {"": (), "+plain": ("model.vllm_plain_engine=true",)}
+ENGINES = {"": ("model.vllm_plain_engine=false",), "+plain": ("model.vllm_plain_engine=true",)}
 
 SHARDS = [("legal-short", 3), ("scrambled-short", 3), ("legal-long", 1), ("scrambled-long", 1)]
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_nightly  # noqa: E402
 from bench_vllm import batchspec  # noqa: E402
 
-CONFIGS = {"batchspec off": ("speculation.mode=off",),
+CONFIGS = {"batchspec off": ("speculation.mode=off", "model.vllm_plain_engine=false"),
            "batchspec off, plain engine": ("speculation.mode=off", "model.vllm_plain_engine=true")}
 
 

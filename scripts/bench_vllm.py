@@ -15,12 +15,14 @@ Per job and repetition, each configuration runs in its own process, in a fixed i
     bare vLLM plain      LLM(...) then one LLM.generate over every prompt (no Ray, no files)
     bare vLLM spec       the same with the job's speculative config (k = num_speculative_tokens)
     batchspec vllm auto  `batchspec submit JOB --set model.backend=vllm` (policy on, Ray, Parquet in/out),
-                         as a first run: nothing remembered (an empty BATCHSPEC_POLICY_MEMORY)
+                         as a first run: nothing remembered (an empty BATCHSPEC_POLICY_MEMORY); one
+                         engine (model.vllm_plain_engine=false)
     batchspec vllm auto, remembered   the same as the next run of the job on this node: starting
                          from what the first run of this repetition measured (runner/memory.py)
     batchspec hf auto    `batchspec submit JOB --set model.backend=hf` (left out with --no-hf)
     batchspec vllm auto+plain   with --plain-engine: the vllm run plus model.vllm_plain_engine=true
     batchspec vllm auto, Ray up   with --running-ray: the remembered run joining a Ray that is already up
+                         (the job's default engines)
 
 Reported: generation seconds (bare: the generate call; batchspec: the shards' generate_s, plus the
 policy's cost calibration shown apart), whole-job wall seconds split where the first engine could
@@ -302,8 +304,7 @@ ids = json.loads(sys.argv[2])
 plain_engine = sys.argv[3] == "plain"
 if plain_engine:
     spec = spec.model_copy(update={"model": spec.model.model_copy(update={"draft": spec.model.draft.model_copy(update={"kind": "none", "path": None})})})
-if sys.argv[3] == "both":  # the speculative engine plus model.vllm_plain_engine for k=0
-    spec = spec.model_copy(update={"model": spec.model.model_copy(update={"vllm_plain_engine": True})})
+spec = spec.model_copy(update={"model": spec.model.model_copy(update={"vllm_plain_engine": sys.argv[3] == "both"})})
 backend = load_backend("vllm", spec.model, k_default=4)
 backend.generate(ids[:2], 8)  # warm-up
 times = {}
@@ -346,6 +347,7 @@ from batchspec.spec import load_spec
 spec = load_spec(sys.argv[1])
 ids, repeats = json.loads(sys.argv[2]), int(sys.argv[3])
 gen, k = spec.generation, spec.speculation.num_speculative_tokens
+spec = spec.model_copy(update={"model": spec.model.model_copy(update={"vllm_plain_engine": False})})  # one engine
 ours = load_backend("vllm", spec.model, k_default=k)  # batchspec's engine: dynamic k, per-request metrics
 args = engine_args(spec.model, k, on_gpu=False)
 args.pop("per_request_spec_decode_metrics", None)
@@ -382,6 +384,7 @@ from batchspec.spec import load_spec
 spec = load_spec(sys.argv[1])
 ids, prompts, repeats = json.loads(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
 gen, k = spec.generation, spec.speculation.num_speculative_tokens
+spec = spec.model_copy(update={"model": spec.model.model_copy(update={"vllm_plain_engine": False})})  # one engine
 backend = load_backend("vllm", spec.model, k_default=k)
 backend.generate(prompts[:2], 8)  # warm-up
 long = [p for i, p in zip(ids, prompts) if i.startswith("long")]
@@ -517,7 +520,7 @@ def main() -> None:
                             r = batchspec(job, "vllm", tmp / f"out-{name}-{rep}-rayup", address=address,
                                           memory=remembered(tmp, name, rep, "rayup"))
                     else:
-                        sets = ["model.vllm_plain_engine=true"] if config.endswith("+plain") else []
+                        sets = [f"model.vllm_plain_engine={str(config.endswith('+plain')).lower()}"]
                         slug = config.replace(' ', '_').replace(',', '')
                         memory = (remembered(tmp, name, rep, slug) if config.endswith("remembered")
                                   else tmp / f"memory-{name}-{rep}-{slug}")  # empty: a first run

@@ -334,11 +334,13 @@ def hf_reference(demo_prompt_ids):
 
 @pytest.fixture(scope="module")
 def vllm_backend():
+    """One engine: plain calls at k = 0 on the speculative engine, as GPU actors run by default
+    (model.vllm_plain_engine auto is off there). The tests with a plain engine load their own."""
     _require_vllm()
     from batchspec.engine.backend import load_backend
 
     spec = load_spec(DEMO_JOB, [f"model.target={ROOT / 'models/legal-target'}",
-                                f"model.draft.path={ROOT / 'models/legal-draft'}"])
+                                f"model.draft.path={ROOT / 'models/legal-draft'}", "model.vllm_plain_engine=false"])
     return load_backend("vllm", spec.model, k_default=4)
 
 
@@ -1015,6 +1017,25 @@ def test_plain_engine_serves_the_calls_at_k0(repeater_drafts):
     finally:
         del backend
         gc.collect()
+
+
+def test_the_plain_engine_is_on_by_default_where_a_call_can_run_plain_on_cpu(monkeypatch):
+    """model.vllm_plain_engine auto: the actor asks for it unless speculation.mode is on (no call
+    runs plain then), and the vLLM backend builds it on CPU, not on a GPU; true and false hold."""
+    from batchspec.engine import backend as engines
+    from batchspec.engine.vllm_backend import wants_plain_engine
+    from batchspec.runner.load import load_actor_backend
+
+    asked: list = []
+    monkeypatch.setattr(engines, "load_backend", lambda name, spec_model, **kw: asked.append(spec_model) or object())
+    for mode in ("auto", "off", "on"):
+        load_actor_backend(load_spec(DEMO_JOB, [f"speculation.mode={mode}"]), "job", "vllm")
+    assert [m.vllm_plain_engine for m in asked] == ["auto", "auto", False]
+    auto = asked[0]
+    assert wants_plain_engine(auto, on_gpu=False) and not wants_plain_engine(auto, on_gpu=True)
+    assert wants_plain_engine(auto.model_copy(update={"vllm_plain_engine": True}), on_gpu=True)
+    assert not wants_plain_engine(auto.model_copy(update={"vllm_plain_engine": False}), on_gpu=False)
+    assert not wants_plain_engine(asked[2], on_gpu=False)
 
 
 def test_with_a_plain_engine_the_look_times_each_arm_on_its_own_engine(tmp_path, hf_reference, monkeypatch):

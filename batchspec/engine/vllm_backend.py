@@ -34,7 +34,7 @@ What batchspec adds on top of a bare `LLM.generate`, and how:
 
 Every private vLLM internal this needs is reached through engine/vllm_patches.py, which names the
 vLLM version it targets; nothing private is touched here.
-- Optionally (`model.vllm_plain_engine`) a second engine without speculation serves the calls at
+- With `model.vllm_plain_engine` (auto: on CPU) a second engine without speculation serves the calls at
   k = 0. Its steps are timed as the speculative engine's are, and the policy's plain arm is measured
   there (policy.ActorPolicy.separate_plain), not at k = 0 inside the speculative calls.
 """
@@ -52,6 +52,13 @@ from .api import BatchResult, Completion, RoundTiming, RowStats, SamplingParams
 from .models import encode_prompts, resolve_device
 
 log = logging.getLogger("batchspec.engine")
+
+
+def wants_plain_engine(spec_model, on_gpu: bool) -> bool:
+    """model.vllm_plain_engine as set, or for auto: on CPU, not on a GPU (whose memory the two
+    engines would need split between them by hand, through vllm_args)."""
+    wanted = spec_model.vllm_plain_engine
+    return not on_gpu if wanted == "auto" else bool(wanted)
 
 
 def speculative_config(draft_kind: str, draft_path: str | None, max_ngram: int, k_max: int,
@@ -352,7 +359,7 @@ class VLLMBackend:
         # actor's engine load is shorter by about a fifth (docs/history/benchmarks-log.md).
         gc.freeze()
         plain = None
-        if spec_model.vllm_plain_engine and args["speculative_config"] is not None:
+        if wants_plain_engine(spec_model, on_gpu) and args["speculative_config"] is not None:
             # Started first: an engine started in a process where an ngram engine already runs fails in
             # vLLM's CPU kernel registration ('_lib_fn_wrapper' object has no attribute 'get').
             plain = _engine(LLM, {k: v for k, v in args.items() if k not in ("speculative_config",

@@ -23,6 +23,8 @@ def load_actor_backend(spec: JobSpec, job_id: str, backend: str | None = None) -
     from .checkpoints import local_checkpoints
 
     m = spec.model
+    if m.vllm_plain_engine == "auto" and spec.speculation.mode == "on":  # no call runs plain
+        m = m.model_copy(update={"vllm_plain_engine": False})
     backend = backend or backend_for(spec).name
     load = functools.partial(load_backend, spec_model=m, k_default=spec.speculation.num_speculative_tokens,
                              sampled=spec.generation.temperature > 0, local_paths=local_checkpoints(m))
