@@ -108,7 +108,7 @@ def main() -> None:
                    "driver_peak_mib_max": max(r["driver_peak_mib"] for r in v)} for k, v in runs.items()}
     for name in trees:
         a, b = summary.get(f"{name}-{min(args.shards)}"), summary.get(f"{name}-{max(args.shards)}")
-        if a and b:
+        if a and b and max(args.shards) > min(args.shards):  # one count: no ratio to take
             extra = max(args.shards) - min(args.shards)
             summary[f"{name}-ratio"] = {"wall_ratio": b["wall_s_median"] / a["wall_s_median"],
                                         "ms_per_extra_shard": (b["wall_s_median"] - a["wall_s_median"]) / extra * 1000,

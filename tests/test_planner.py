@@ -152,6 +152,30 @@ def test_with_a_plain_engine_apart_each_arm_is_timed_on_its_own_engine():
         InterleavedSteps(0)  # interleaving needs an arm at k >= 1
 
 
+def test_with_a_plain_engine_apart_a_look_runs_rows_plain_until_the_plain_line_reaches_the_calls_concurrency():
+    """A plain look drains through every row count up to its concurrency: once this run's plain
+    steps reach a call's concurrency, the call's look runs at k only (its shards' other rows run
+    under their own decisions); a call at a higher concurrency, or a run with too few plain steps,
+    looks plain again. With one engine the look never runs rows plain."""
+    plan = planner(costs_known=False, measure_in_call=True)
+    assert not plan.needs_plain_look(8)  # one engine: plain blocks inside the look's own call
+    plan.separate_plain = True
+    assert plan.needs_plain_look(8)  # nothing timed plain yet
+    plain_look, plain = plan.plain_look(8, 1)
+    plain.observe_step(0, 0.04, 8, 8, True)
+    for rows in range(8, 4, -1):
+        plain.observe_step(0, 0.010, rows, rows, False)
+    plan.learn(plain, plain_look, 8, [20] * 8)
+    assert plan.needs_plain_look(8)  # 4 clean steps: too few to stop timing the plain arm
+    plain_look, plain = plan.plain_look(8, 1)
+    plain.observe_step(0, 0.04, 4, 4, True)
+    for rows in range(4, 0, -1):
+        plain.observe_step(0, 0.010, rows, rows, False)
+    plan.learn(plain, plain_look, 8, [20] * 8)
+    assert not plan.needs_plain_look(8) and not plan.needs_plain_look(4)
+    assert plan.needs_plain_look(16)  # beyond the row counts timed
+
+
 def _two_engine_plan(spec_seconds) -> ActorPolicy:
     """A planner with a plain engine apart whose look timed steps at k (spec_seconds, one per row
     count from 8 down) and plain steps of 0.010 s."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -1074,6 +1075,16 @@ def test_with_a_plain_engine_the_look_times_each_arm_on_its_own_engine(tmp_path,
         assert all(r["spec_enabled"] == (r["draft_tokens"] > 0) for r in rows)
         assert sum(not r["spec_enabled"] for r in rows) >= 16  # the plain look's rows at least
         assert sum(n for _, n in engines) == 48
+        # The same shards again on this actor (their output removed): its plain steps now reach the
+        # call's concurrency, so the look runs at k only and the rest run under each shard's decision.
+        assert not runner.planner.needs_plain_look(16)
+        shutil.rmtree(spec.output.path)
+        engines.clear()
+        again = runner.run_many(plan_shards(spec.input.path))
+        assert engines[0] == ("spec", 16) and sum(n for _, n in engines) == 48  # 8 of each shard at k, then the rest
+        assert all([d["kind"] for d in m["decisions"]][:1] == ["look"] for m in again)
+        assert not any(d["kind"] == "look_plain" for m in again for d in m["decisions"])
+        assert [r["completion"] for r in _rows(runner, again)] == hf_reference[1]
     finally:
         del backend
         gc.collect()

@@ -22,6 +22,7 @@ from .model import Acceptance, Costs, LengthProfile, Policy, acceptance_for
 from .steps import CostModelK
 
 LOOK_LEAST = 8  # rows of a shard its look takes at least (all of a smaller shard)
+PLAIN_LINE_STEPS = 8  # clean plain steps a plain engine's line needs before looks stop timing it
 KEEP_POINTS = 512  # clean steps kept per arm: what the step lines decisions cite are fitted on
 
 
@@ -134,10 +135,17 @@ class ActorPolicy:
             return d, InterleavedSteps(k, interleave=False)
         return d, InterleavedSteps(k, dense=True, guard=False)
 
+    def needs_plain_look(self, concurrency: int) -> bool:
+        """With a plain engine apart: whether a call's look runs rows plain too, until this run's plain
+        steps (a look drains through every row count up to its concurrency) reach the call's."""
+        if not self.separate_plain:
+            return False
+        _, plain = self.lines()
+        return plain is None or plain.points < PLAIN_LINE_STEPS or plain.high_rows < 0.9 * concurrency
+
     def plain_look(self, rows: int, shards: int) -> tuple[Decision, InterleavedSteps]:
-        """With a plain engine apart: the decision and step rule of the look's plain half, as many
-        rows again run plain on the engine without speculation, timing a plain step at the same
-        concurrency."""
+        """With a plain engine apart: the decision and step rule of the look's plain half (as many rows
+        again, plain on the engine without speculation, timing a plain step at the same concurrency)."""
         d = Decision(Kind.LOOK_PLAIN, False, 0, f"{rows} rows of this call's {shards} shards run plain on the "
                      "engine without speculation to time a plain step", figures=Figures(rows=rows, k=0))
         return d, InterleavedSteps(0, interleave=False)
@@ -187,12 +195,9 @@ class ActorPolicy:
     def _decide_central(self, profile: LengthProfile, at_row: int, alpha: float | None, ks: tuple[int, ...] | None,
                         costs: Costs | None, cautious: Costs | None) -> Decision:
         """A shard's decision where each arm was timed on its own engine (separate_plain): on the
-        central estimate against the threshold, vetoed where the slow end of the step ratio's 95%
-        interval predicts a loss. With one engine the slow end itself must pass the threshold
-        (decide_own): its plain arm, timed at k = 0 inside the speculative engine, is slower than
-        plain decoding and its central estimate runs high; timed on a plain engine it does not, and
-        the slow end's caution turned off shards that bare runs showed faster speculating
-        (docs/benchmarks.md, the nightly job)."""
+        central estimate, vetoed where the slow end of the step ratio's 95% interval predicts a
+        loss. One engine's plain arm runs slow, so there the slow end must pass (decide_own); on two
+        engines that caution turned off shards bare runs showed faster speculating (docs/policy.md)."""
         self.policy.costs = costs
         d = self.policy.decide(profile, None, at_row=at_row, alpha=alpha, ks=ks)
         if d.kind is not Kind.ON or cautious is None or d.alpha is None:

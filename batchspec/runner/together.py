@@ -63,10 +63,11 @@ def _look(calls: Calls, works: list[ShardWork], spent: dict[int, float]
     concurrency, interleaved across shards, so that no shard's acceptance is another's; returns
     each shard's (own acceptance, tokens per verify step, rows, mean completion tokens) from them.
     With a plain engine apart, as many rows again then run plain on it, timing the plain arm at
-    the same concurrency."""
+    the same concurrency, until this run's plain steps reach the call's concurrency
+    (ActorPolicy.needs_plain_look)."""
     c = calls.concurrency(sum(len(w.valid) for w in works))
     sizes = calls.planner.look_sizes([len(w.valid) for w in works], c)
-    arms = 2 if calls.planner.separate_plain else 1
+    arms = 2 if calls.planner.needs_plain_look(c) else 1
     totals = [min(len(w.valid), arms * n) for w, n in zip(works, sizes)]
     for w, total in zip(works, totals):
         _spread_first(w, total, arms)
