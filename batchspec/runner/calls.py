@@ -145,5 +145,3 @@ def _record(job_id: str, batch: list, decision: Decision) -> Decision:
         work.decisions.append(decision)
         log_event(log, f"policy: {decision.reason}", job=job_id, shard=work.shard.shard, at_row=work.done)
     return decision
-
-

@@ -90,6 +90,12 @@ class ConditionalFiles(ObjectFiles):
             self.fs.invalidate_cache(dest)
         return True
 
+    def _s3(self, method: str, **kwargs):
+        """One S3 API call through the store's s3fs client (its endpoint, credentials, retries)."""
+        from fsspec.asyn import sync
+
+        return sync(self.fs.loop, self.fs._call_s3, method, **kwargs)
+
     def replace_json_if(self, dest: str, obj: Any, tag: str | None) -> bool:
         """Replace dest only if it is still the version read_json_tagged tagged, else return
         False: a conditional PUT (If-Match) on S3, whose 412 returns False; locally the compare

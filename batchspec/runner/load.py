@@ -41,5 +41,3 @@ def load_actor_backend(spec: JobSpec, job_id: str, backend: str | None = None) -
         log_event(log, f"backend: {note}", logging.WARNING, job=job_id)
         gc.collect()  # the failed engine's memory, before the hf engine loads
         return load("hf"), note
-
-

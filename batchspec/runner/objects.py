@@ -52,12 +52,6 @@ class ObjectFiles:
         except FileNotFoundError:
             pass
 
-    def _s3(self, method: str, **kwargs):
-        """One S3 API call through the store's s3fs client (its endpoint, credentials, retries)."""
-        from fsspec.asyn import sync
-
-        return sync(self.fs.loop, self.fs._call_s3, method, **kwargs)
-
     # reads -----------------------------------------------------------------------------------
     def read_json(self, path: str) -> dict | None:
         # One whole-object GET: a buffered open() on S3 pins the ETag it saw and fails when the
