@@ -80,8 +80,8 @@ class ModelSpec(_Strict):
         "plain, on which the policy also times the plain arm (its look runs half its rows there). The speculative "
         "engine's own plain steps run slower than plain decoding, so without it decisions lean toward speculating "
         "and plain calls pay that floor; with it the predictions match bare vLLM's (docs/benchmarks.md, the nightly "
-        "job). It holds the weights and KV cache twice. auto: on for CPU actors when speculation.mode is auto or "
-        "off; off on GPUs, where the two would need gpu_memory_utilization split between them through vllm_args "
+        "job). It holds the weights and KV cache twice. auto: on for CPU actors when speculation.mode is auto (under "
+        "off the actors load no draft, so one engine); off on GPUs, where the two would need gpu_memory_utilization split between them through vllm_args "
         "(set true to do that).")
     draft: DraftSpecModel = Field(default_factory=DraftSpecModel, description="The draft that proposes tokens.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
@@ -103,7 +103,8 @@ class GenerationSpec(_Strict):
 
 class SpeculationSpec(_Strict):
     mode: Literal["auto", "on", "off"] = Field(
-        "auto", description="auto: decide per shard from measured costs and acceptance. on: always. off: never.")
+        "auto", description="auto: decide per shard from measured costs and acceptance. on: always. off: never (the actors "
+        "then load no draft).")
     num_speculative_tokens: int = Field(4, ge=1, le=16, description="Draft length k (the start value when adaptive).")
     adaptive: bool = Field(True, description="Adapt k per round from the observed acceptance (else k is fixed).")
     remember: bool = Field(

@@ -1022,7 +1022,8 @@ def test_plain_engine_serves_the_calls_at_k0(repeater_drafts):
 
 def test_the_plain_engine_is_on_by_default_where_a_call_can_run_plain_on_cpu(monkeypatch):
     """model.vllm_plain_engine auto: the actor asks for it unless speculation.mode is on (no call
-    runs plain then), and the vLLM backend builds it on CPU, not on a GPU; true and false hold."""
+    runs plain then), and the vLLM backend builds it on CPU, not on a GPU; true and false hold.
+    Under mode off the actor loads the target alone (no draft, so one engine without speculation)."""
     from batchspec.engine import backend as engines
     from batchspec.engine.vllm_backend import wants_plain_engine
     from batchspec.runner.load import load_actor_backend
@@ -1032,6 +1033,7 @@ def test_the_plain_engine_is_on_by_default_where_a_call_can_run_plain_on_cpu(mon
     for mode in ("auto", "off", "on"):
         load_actor_backend(load_spec(DEMO_JOB, [f"speculation.mode={mode}"]), "job", "vllm")
     assert [m.vllm_plain_engine for m in asked] == ["auto", "auto", False]
+    assert [(m.draft.kind, m.draft.path is None) for m in asked] == [("model", False), ("none", True), ("model", False)]
     auto = asked[0]
     assert wants_plain_engine(auto, on_gpu=False) and not wants_plain_engine(auto, on_gpu=True)
     assert wants_plain_engine(auto.model_copy(update={"vllm_plain_engine": True}), on_gpu=True)

@@ -1,6 +1,6 @@
 """An actor's backend: the one the driver chose for the job, loaded with the job's checkpoints
 (s3:// ones copied to local disk first), or the hf engine when auto chose vLLM and vLLM cannot
-serve the model."""
+serve the model. Under speculation.mode off it loads no draft."""
 
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ def load_actor_backend(spec: JobSpec, job_id: str, backend: str | None = None) -
     from .checkpoints import local_checkpoints
 
     m = spec.model
+    if spec.speculation.mode == "off":
+        # No call speculates: the target alone, as a plain run would load it (on vLLM one engine
+        # without speculation, not a speculative one held at k = 0 beside a plain one).
+        m = m.model_copy(update={"draft": m.draft.model_copy(update={"kind": "none", "path": None})})
     if m.vllm_plain_engine == "auto" and spec.speculation.mode == "on":  # no call runs plain
         m = m.model_copy(update={"vllm_plain_engine": False})
     backend = backend or backend_for(spec).name
