@@ -183,7 +183,7 @@ def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd:
         "cost_usd": cost, "usd_per_million_tokens": cost / completion * 1e6 if completion else None,
         "startup_loads": len(loads), "startup_actor_seconds": sum(loads), "startup_cost_usd": sum(loads) / 3600 * price,
         "spec_rows": spec_rows, "plain_rows": ok_rows - spec_rows,
-        "spec_shards": sum(1 for r in shards if r["spec_rows"]), "plain_shards": sum(1 for r in shards if not r["spec_rows"]),
+        "spec_shards": sum(1 for r in shards if r["spec_rows"]), "plain_shards": sum(1 for r in shards if r["plain_rows"]),
         "acceptance_rate": acceptance_rate(accepted, drafted),
         "acceptance_rate_quantiles": _quantiles(scan.acceptance, (0.1, 0.5, 0.9)),
         "mean_acceptance_length": mean_acceptance_length(accepted, rounds),
@@ -205,11 +205,17 @@ def measured_saving_text(r: dict) -> str | None:
     if r.get("measured_saving_s") is None:
         return None
     low, high = r["saving_interval_s"]
-    interval = f"95% interval {low:.1f} to {high:.1f} s"
+    interval = f"95% interval {_tenths(low)} to {_tenths(high)} s"
     if low <= 0 <= high:
-        return f"no measurable saving ({r['measured_saving_s']:.1f} s, {interval})"
+        return f"no measurable saving ({_tenths(r['measured_saving_s'])} s, {interval})"
     word = "saved" if low > 0 else "cost"
     return f"speculation {word} {abs(r['measured_saving_s']):.1f} s ({interval}), measured in the run"
+
+
+def _tenths(seconds: float) -> str:
+    """Seconds to one decimal, without the "-0.0" of a bound just below zero."""
+    text = f"{seconds:.1f}"
+    return "0.0" if text == "-0.0" else text
 
 
 def _saving_coverage(r: dict) -> str:

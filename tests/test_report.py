@@ -211,6 +211,22 @@ def test_a_measured_saving_is_reported_first_with_its_interval(tmp_path):
     assert "no measurable saving (0.3 s, 95% interval -0.4 to 1.0 s)" in to_text(tie)
     lost = job("lost", [(-1.0, -1.5, -0.5)])
     assert "speculation cost 1.0 s (95% interval -1.5 to -0.5 s)" in to_text(lost)
+    near = job("near", [(0.02, -0.04, 0.08)])  # a bound just below zero prints as 0.0, not -0.0
+    assert "no measurable saving (0.0 s, 95% interval 0.0 to 0.1 s)" in to_text(near)
+
+
+def test_a_shard_with_rows_both_ways_counts_as_speculating_and_as_plain(tmp_path):
+    """A shard whose look ran some rows at k and some plain is in both counts of the speculation
+    line, not "off for 1 rows in 0 shard(s)"."""
+    store = OutputStore(str(tmp_path))
+    rows = [row("m", 0, 10, 8, 6, 4, spec=True, k=4), row("m", 1, 10)]
+    part = store.write_part("m", pa.Table.from_pylist(rows, schema=OUTPUT_SCHEMA))
+    store.write_manifest("m", {"shard": "m", "status": "done", "part": part["part"], "rows_out": 2,
+                               "timings": {"total_s": 2.0}, "costs": None, "attempts": 1, "decisions": []})
+    store.write_job({"name": "mixed", "spec": {"cost": {"gpu_hour_usd": 3.6}}, "runs": [{"wall_s": 3.0}], "shards": ["m"]})
+    r = build_report(str(tmp_path))
+    assert (r["spec_rows"], r["plain_rows"], r["spec_shards"], r["plain_shards"]) == (1, 1, 1, 1)
+    assert "on for 1 rows in 1 shard(s), off for 1 rows in 1 shard(s)" in to_html(r)
 
 
 def test_html_is_self_contained(tmp_path):
