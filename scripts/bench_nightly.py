@@ -185,6 +185,8 @@ def auto(job: Path, out: Path, memory: Path, *sets: str) -> dict:
     res["saving_by_shard"] = {Path(m["path"]).stem: m.get("saving") and {k: m["saving"][k] for k in ("seconds", "low", "high", "rows")}
                               for m in ms.values()}
     res["generate_by_shard"] = {Path(m["path"]).stem: m["timings"]["generate_s"] for m in ms.values()}
+    # Every decision with the figures it rested on, for reading a wrong one afterwards (--out).
+    res["decisions"] = {Path(m["path"]).stem: m["decisions"] for m in ms.values()}
     # What each shard's own decision predicted at its own acceptance (vllm: numbers.predicted_own).
     res["predicted"] = {Path(m["path"]).stem: next((d["numbers"].get("predicted_own") for d in m["decisions"]
                                                     if d["numbers"].get("predicted_own") is not None), None)
@@ -204,7 +206,8 @@ def favoured(plain: dict, spec: dict, domains: dict[str, str]) -> dict[str, str 
 
 
 def run(args) -> dict:
-    tmp = Path(tempfile.mkdtemp(prefix="bench-nightly-"))
+    tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-nightly-"))
+    tmp.mkdir(parents=True, exist_ok=True)
     domains = write_data(tmp / "data", args.rows)
     results: dict = {"rows": args.rows * sum(n for _, n in SHARDS), "shards": domains, "runs": []}
     try:
@@ -230,7 +233,8 @@ def run(args) -> dict:
                 for engines in args.engines:
                     print(table_row(entry, engines), flush=True)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
     return results
 
 
@@ -302,6 +306,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write every figure as JSON here")
     ap.add_argument("--engines", default="one", help="batchspec's engines per actor, comma-separated: one (the "
                     "speculative engine decodes plain too), two (model.vllm_plain_engine); one,two runs both in turn")
+    ap.add_argument("--keep", default=None, help="write the data, jobs and outputs here and keep them (default: a "
+                    "temporary directory, removed)")
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.engines = ["" if e == "one" else "+plain" for e in args.engines.split(",")]

@@ -133,7 +133,7 @@ def test_costs_age_from_the_run_that_measured_them(models_dir, tmp_path, memory_
     stamp = json.loads(mem.costs_path.read_text())["measured_at"]
 
     later = PolicyMemory.for_spec(_spec(models_dir, tmp_path, "a"), "hf")
-    loaded, _, new_tokens, source = later.load()
+    loaded, _, new_tokens, source, _, _ = later.load()
     assert loaded == costs and new_tokens == [5, 6] and source == f"job night-1 at {stamp}"
     later.save(loaded, Acceptance(), new_tokens + [7], "night-2")  # costs untouched: stamp kept
     saved = json.loads(mem.costs_path.read_text())
@@ -146,9 +146,36 @@ def test_costs_age_from_the_run_that_measured_them(models_dir, tmp_path, memory_
     old = (datetime.now(UTC) - timedelta(days=MAX_AGE_DAYS + 1)).isoformat(timespec="seconds")
     mem.costs_path.write_text(json.dumps({**json.loads(mem.costs_path.read_text()), "measured_at": old}))
     with caplog.at_level(logging.INFO, logger="batchspec.worker"):
-        costs_again, _, new_tokens, _ = PolicyMemory.for_spec(_spec(models_dir, tmp_path, "a"), "hf").load()
+        costs_again, _, new_tokens, *_ = PolicyMemory.for_spec(_spec(models_dir, tmp_path, "a"), "hf").load()
     assert costs_again == {} and new_tokens == [5, 6, 7]
     assert any("measuring again" in r.message for r in caplog.records)
+
+
+def test_the_steps_behind_the_step_lines_are_kept_and_a_malformed_list_is_a_new_job(models_dir, tmp_path,
+                                                                                  memory_dir, caplog):
+    """vllm's clean steps per arm (rows, seconds) and prompt costs go in the costs file and come
+    back as they were; saving them unchanged keeps the stamp; a step list that is not pairs makes
+    the whole memory unreadable (one warning, measured as new), not a half-read one."""
+    from batchspec.policy import Acceptance, Costs
+
+    mem = PolicyMemory.for_spec(_spec(models_dir, tmp_path, "a"), "vllm")
+    costs = {64: Costs(64, 0.05, 0.0, {4: 0.14}, 0.001, 0.0002)}
+    points = {0: [(64.0, 0.05), (60.0, 0.048)], 4: [(64.0, 0.14), (32.0, 0.08)]}
+    mem.save(costs, Acceptance(), [], "night-1", points, (1e-5, 2e-6))
+    stamp = json.loads(mem.costs_path.read_text())["measured_at"]
+    loaded = PolicyMemory.for_spec(_spec(models_dir, tmp_path, "a"), "vllm")
+    got = loaded.load()
+    assert (got.costs, got.points, got.prefill_row_token_s) == (costs, points, (1e-5, 2e-6))
+    loaded.save(got.costs, Acceptance(), [], "night-2", got.points, got.prefill_row_token_s)
+    assert json.loads(mem.costs_path.read_text())["measured_at"] == stamp
+    loaded.save(got.costs, Acceptance(), [], "night-3", {**points, 0: points[0] + [(8.0, 0.01)]}, (1e-5, 2e-6))
+    assert json.loads(mem.costs_path.read_text())["job_id"] == "night-3"  # new steps: restamped
+
+    data = json.loads(mem.costs_path.read_text())
+    mem.costs_path.write_text(json.dumps({**data, "steps": {"points": {"0": [[64.0]]}}}))
+    again = PolicyMemory.for_spec(_spec(models_dir, tmp_path, "a"), "vllm").load()
+    assert again.costs == {} and again.points == {} and again.source is None
+    assert sum("malformed" in r.message for r in caplog.records) == 1
 
 
 def test_the_memory_files_name_vllm_args_but_keep_no_values(models_dir, tmp_path, memory_dir):

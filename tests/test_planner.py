@@ -18,6 +18,7 @@ from batchspec.policy import (
     LengthProfile,
     Policy,
     expected_tokens,
+    ratio_interval,
 )
 
 
@@ -174,6 +175,31 @@ def test_with_a_plain_engine_apart_a_look_runs_rows_plain_until_the_plain_line_r
     plan.learn(plain, plain_look, 8, [20] * 8)
     assert not plan.needs_plain_look(8) and not plan.needs_plain_look(4)
     assert plan.needs_plain_look(16)  # beyond the row counts timed
+
+
+def test_remembered_steps_join_the_runs_own_so_a_remembered_run_need_not_time_the_plain_arm_again():
+    """What a first run's calls timed (its clean steps per arm and prompt costs) starts the next
+    run's planner (runner/memory.py): its step lines rest on them, joined by its own steps, so its
+    look need not run rows plain, and the step ratio's interval is as narrow as the steps allow."""
+    first = _two_engine_plan([0.020, 0.040] * 4)
+    look, rule = first.look(8, 1)
+    for rows in range(8, 0, -1):  # a later call: more steps at k
+        rule.observe_step(4, 0.030, rows * 3, rows, False)
+    first.learn(rule, look, 8, [20] * 8)
+    again = planner(costs_known=False, measure_in_call=True)
+    again.separate_plain = True
+    assert again.needs_plain_look(8) and again.lines() == (None, None)
+    again.start_from(first.costs_by_batch, None, [], "job night-1 at t", first.points, first.prefill_row_token_s)
+    assert not again.needs_plain_look(8) and again.needs_plain_look(16)
+    assert again.lines() == first.lines() and again.costs_at(8) == first.costs_at(8)
+    _, low, high = ratio_interval(*again.lines(), 8)
+    look, rule = again.look(8, 1)
+    for rows in range(8, 0, -1):  # its own look's steps join the remembered ones
+        rule.observe_step(4, 0.030, rows * 3, rows, False)
+    again.learn(rule, look, 8, [20] * 8)
+    assert len(again.points[4]) == len(first.points[4]) + len(rule.points[4]) > len(first.points[4])
+    _, low_after, high_after = ratio_interval(*again.lines(), 8)
+    assert high_after / low_after < high / low
 
 
 def _two_engine_plan(spec_seconds) -> ActorPolicy:

@@ -652,9 +652,9 @@ def test_auto_policy_on_vllm_looks_at_each_shards_rows_then_decides_each_shard(v
 
 def test_a_second_run_on_vllm_starts_from_remembered_costs_but_not_a_remembered_acceptance(
         vllm_backend, tmp_path, hf_reference, monkeypatch):
-    """Policy memory (runner/memory.py) on vllm: a first run saves the step costs its steps measured;
-    a new actor of the next run (the same engine here, to save a start) starts from them and says
-    where they came from. The acceptance it remembers (here set to 0.31, another dataset under the
+    """Policy memory (runner/memory.py) on vllm: a first run saves the step costs its steps measured
+    and the steps themselves; a new actor of the next run (the same engine here, to save a start)
+    starts from them and says where they came from. The acceptance it remembers (here set to 0.31, another dataset under the
     job's name) decides nothing: each shard's own look rows do."""
     from batchspec.policy import Acceptance
     from batchspec.runner.memory import PolicyMemory
@@ -667,11 +667,12 @@ def test_a_second_run_on_vllm_starts_from_remembered_costs_but_not_a_remembered_
     shards = plan_shards(first.spec.input.path)
     assert all(m["decisions"][0]["kind"] == "look" for m in first.run_many(shards))
     mem = PolicyMemory.for_spec(first.spec, "vllm")
-    costs, _, new_tokens, _ = mem.load()
-    mem.save(costs, Acceptance(20.0, 64.0), new_tokens, "night-1")
+    kept = mem.load()
+    mem.save(kept.costs, Acceptance(20.0, 64.0), kept.new_tokens, "night-1", kept.points, kept.prefill_row_token_s)
     spec = first.spec.model_copy(update={"output": first.spec.output.model_copy(update={"path": str(tmp_path / "out2")})})
     second = ShardRunner(spec, "night-2", engine=vllm_backend)
     assert second.planner.costs_by_batch.keys() == first.planner.costs_by_batch.keys()
+    assert second.planner.points == first.planner.points and set(second.planner.points) == {0, 4}  # the steps too
     assert second.policy.prior.estimate < 0.35
     manifests = second.run_many(shards)
     for m in manifests:
@@ -1029,16 +1030,17 @@ def test_the_plain_engine_is_on_by_default_where_a_call_can_run_plain_on_cpu(mon
     from batchspec.runner.load import load_actor_backend
 
     asked: list = []
-    monkeypatch.setattr(engines, "load_backend", lambda name, spec_model, **kw: asked.append(spec_model) or object())
+    monkeypatch.setattr(engines, "load_backend",
+                        lambda name, spec_model, **kw: asked.append((spec_model, kw["plain_calls"])) or object())
     for mode in ("auto", "off", "on"):
         load_actor_backend(load_spec(DEMO_JOB, [f"speculation.mode={mode}"]), "job", "vllm")
-    assert [m.vllm_plain_engine for m in asked] == ["auto", "auto", False]
-    assert [(m.draft.kind, m.draft.path is None) for m in asked] == [("model", False), ("none", True), ("model", False)]
-    auto = asked[0]
+    assert [(m.vllm_plain_engine, plain_calls) for m, plain_calls in asked] == [("auto", True)] * 2 + [("auto", False)]
+    assert [(m.draft.kind, m.draft.path is None) for m, _ in asked] == [("model", False), ("none", True), ("model", False)]
+    auto = asked[0][0]
     assert wants_plain_engine(auto, on_gpu=False) and not wants_plain_engine(auto, on_gpu=True)
-    assert wants_plain_engine(auto.model_copy(update={"vllm_plain_engine": True}), on_gpu=True)
+    assert not wants_plain_engine(auto, on_gpu=False, plain_calls=False)
+    assert wants_plain_engine(auto.model_copy(update={"vllm_plain_engine": True}), on_gpu=True, plain_calls=False)
     assert not wants_plain_engine(auto.model_copy(update={"vllm_plain_engine": False}), on_gpu=False)
-    assert not wants_plain_engine(asked[2], on_gpu=False)
 
 
 def test_with_a_plain_engine_the_look_times_each_arm_on_its_own_engine(tmp_path, hf_reference, monkeypatch):

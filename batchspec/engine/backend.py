@@ -96,15 +96,17 @@ def backend_for(spec, latent: bool = False) -> BackendChoice:
 
 
 def load_backend(name: str, spec_model, k_default: int = 4, sampled: bool = False,
-                 local_paths: dict[str, str] | None = None):
+                 local_paths: dict[str, str] | None = None, plain_calls: bool = True):
     """Build the named backend from a spec.ModelSpec (weights are loaded here, once per actor).
     sampled: the job samples (temperature > 0); the vllm backend on CPU then schedules prompts
     whole, so per-row seeds work (vllm_backend.engine_args). local_paths: {s3:// source: local
-    directory} for the checkpoints the runner copied (runner.checkpoints.local_checkpoints)."""
+    directory} for the checkpoints the runner copied (runner.checkpoints.local_checkpoints).
+    plain_calls: some call may run plain (speculation.mode is not on), which is when the vllm
+    backend's model.vllm_plain_engine auto starts a plain engine (on CPU)."""
     if name == "vllm":
         from .vllm_backend import VLLMBackend
 
-        return VLLMBackend.load(spec_model, k_default, sampled, local_paths)
+        return VLLMBackend.load(spec_model, k_default, sampled, local_paths, plain_calls)
     from .engine import DraftSpec, Engine
 
     d = spec_model.draft

@@ -54,11 +54,12 @@ from .models import encode_prompts, resolve_device
 log = logging.getLogger("batchspec.engine")
 
 
-def wants_plain_engine(spec_model, on_gpu: bool) -> bool:
-    """model.vllm_plain_engine as set, or for auto: on CPU, not on a GPU (whose memory the two
-    engines would need split between them by hand, through vllm_args)."""
+def wants_plain_engine(spec_model, on_gpu: bool, plain_calls: bool = True) -> bool:
+    """model.vllm_plain_engine as set, or for auto: on CPU where some call may run plain
+    (plain_calls: speculation.mode is not on), not on a GPU (whose memory the two engines would
+    need split between them by hand, through vllm_args)."""
     wanted = spec_model.vllm_plain_engine
-    return not on_gpu if wanted == "auto" else bool(wanted)
+    return (plain_calls and not on_gpu) if wanted == "auto" else bool(wanted)
 
 
 def speculative_config(draft_kind: str, draft_path: str | None, max_ngram: int, k_max: int,
@@ -342,7 +343,7 @@ class VLLMBackend:
 
     @classmethod
     def load(cls, spec_model, k_default: int = 4, sampled: bool = False,
-             local_paths: dict[str, str] | None = None) -> VLLMBackend:
+             local_paths: dict[str, str] | None = None, plain_calls: bool = True) -> VLLMBackend:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from transformers import AutoTokenizer
         from vllm import LLM
@@ -359,7 +360,7 @@ class VLLMBackend:
         # actor's engine load is shorter by about a fifth (docs/history/benchmarks-log.md).
         gc.freeze()
         plain = None
-        if wants_plain_engine(spec_model, on_gpu) and args["speculative_config"] is not None:
+        if wants_plain_engine(spec_model, on_gpu, plain_calls) and args["speculative_config"] is not None:
             # Started first: an engine started in a process where an ngram engine already runs fails in
             # vLLM's CPU kernel registration ('_lib_fn_wrapper' object has no attribute 'get').
             plain = _engine(LLM, {k: v for k, v in args.items() if k not in ("speculative_config",

@@ -74,8 +74,7 @@ class ActorPolicy:
         self.prefill_row_token_s: tuple[float, float] | None = None
         self._fitted: tuple[StepLine | None, StepLine | None] | None = None
         self.remembered: str | None = None  # "job ... at ...", while decisions rest on remembered numbers
-        # vllm with model.vllm_plain_engine: plain calls run on an engine without speculation, and
-        # the plain arm's steps are timed there (one arm per engine), not in the speculative calls.
+        # vllm with model.vllm_plain_engine: plain calls, and the plain arm's timing, on the plain engine.
         self.separate_plain = False
 
     @property
@@ -84,13 +83,17 @@ class ActorPolicy:
         return self.policy.measure_in_call
 
     def start_from(self, costs: dict[int, Costs], prior: Acceptance | None, new_tokens: list[int],
-                   remembered: str | None) -> None:
-        """Start from what an earlier run measured on this node (runner/memory.py): costs by
-        concurrency, the acceptance prior, completion lengths, and which run that was."""
+                   remembered: str | None, points: dict[int, list[tuple[float, float]]] | None = None,
+                   prefill_row_token_s: tuple[float, float] | None = None) -> None:
+        """Start from what an earlier run measured on this node (runner/memory.py.Remembered); its
+        clean steps per arm and prompt costs (vllm) are joined by this run's."""
         self.costs_by_batch.update(costs)
         self.policy.prior = prior or self.policy.prior
         self.policy.new_tokens_seen.extend(new_tokens)
         self.remembered = remembered
+        self.points.update({k: list(kept)[-KEEP_POINTS:] for k, kept in (points or {}).items()})
+        self.prefill_row_token_s = prefill_row_token_s or self.prefill_row_token_s
+        self._fitted = None
 
     # -- a shard's decisions ------------------------------------------------------------------
     def decide(self, shard: ShardProgress, batches_off: int = 0) -> tuple[Decision, bool]:
@@ -121,11 +124,9 @@ class ActorPolicy:
         return [min(n, share) for n in pending]
 
     def look(self, rows: int, shards: int) -> tuple[Decision, InterleavedSteps]:
-        """The decision a look's rows run under, and its step rule: at k, with plain blocks between
-        its steps (InterleavedSteps) that time what a step at k costs against a plain one at every
-        row count the look drains through. Never stopped by its steps: the look is there to measure.
-        With a plain engine apart, the look's rows only time the steps at k (plain_look times the
-        other arm on the plain engine)."""
+        """The decision a look's rows run under, and its step rule: at k, never stopped (the look is
+        there to measure); on one engine with plain blocks between its steps (InterleavedSteps)
+        timing both arms at every row count it drains through, on two only the steps at k."""
         k = self.policy.k_default
         timing = (" and time a speculative step" if self.separate_plain
                   else ", with plain blocks between their steps timing what a step costs")
@@ -136,8 +137,8 @@ class ActorPolicy:
         return d, InterleavedSteps(k, dense=True, guard=False)
 
     def needs_plain_look(self, concurrency: int) -> bool:
-        """With a plain engine apart: whether a call's look runs rows plain too, until this run's plain
-        steps (a look drains through every row count up to its concurrency) reach the call's."""
+        """With a plain engine apart: whether a call's look runs rows plain too, until the plain steps
+        (this run's and remembered ones; a look drains through every row count) reach its concurrency."""
         if not self.separate_plain:
             return False
         _, plain = self.lines()
@@ -158,11 +159,10 @@ class ActorPolicy:
     def decide_own(self, shard: ShardProgress, alpha: float | None, rows: int, tokens_per_step: float | None,
                    concurrency: int, new_tokens: float | None = None) -> Decision:
         """A shard's decision for the rest of its rows from its own look rows (their acceptance and,
-        when given, their mean completion length) and the step costs at this concurrency; recorded
-        in the shard. It turns on only if speculation pays at the slow end of the step ratio's 95%
-        interval, so a ratio measured on few steps does not turn a tie into "on"; the central
-        prediction is kept in numbers.predicted_own. Without costs (no clean steps of both arms
-        yet, nothing remembered), the call measures: MEASURING."""
+        when given, their mean completion length) and the step costs at this concurrency, recorded
+        in the shard: on one engine only if speculation pays at the slow end of the step ratio's 95%
+        interval, on two _decide_central; numbers.predicted_own is the central prediction. Without
+        costs (no clean steps of both arms, nothing remembered) the call measures: MEASURING."""
         costs = self.costs_at(concurrency)
         self.policy.costs = costs
         if costs is None and self.policy.mode == "auto":

@@ -27,11 +27,10 @@ def load_actor_backend(spec: JobSpec, job_id: str, backend: str | None = None) -
         # No call speculates: the target alone, as a plain run would load it (on vLLM one engine
         # without speculation, not a speculative one held at k = 0 beside a plain one).
         m = m.model_copy(update={"draft": m.draft.model_copy(update={"kind": "none", "path": None})})
-    if m.vllm_plain_engine == "auto" and spec.speculation.mode == "on":  # no call runs plain
-        m = m.model_copy(update={"vllm_plain_engine": False})
     backend = backend or backend_for(spec).name
     load = functools.partial(load_backend, spec_model=m, k_default=spec.speculation.num_speculative_tokens,
-                             sampled=spec.generation.temperature > 0, local_paths=local_checkpoints(m))
+                             sampled=spec.generation.temperature > 0, local_paths=local_checkpoints(m),
+                             plain_calls=spec.speculation.mode != "on")
     try:
         return load(backend), None
     except ModelLoadError as e:

@@ -1,30 +1,31 @@
 """What the speculation policy measured, kept on the actor's node between runs (speculation.remember).
 
-A nightly job runs the same models on the same machines every night, yet each run started from
-nothing: on vllm its look paired plain blocks with speculative steps densely to learn what a step
-costs, on hf the policy calibrated before the first shard. Both are facts about the machine and the models, and the
-acceptance and completion lengths the policy starts a shard from are facts about the job.
+A nightly job runs the same models on the same machines every night. What a step costs is a fact
+about the machine and the models; the acceptance and completion lengths a shard starts from are
+facts about the job. Two JSON files per node, under BATCHSPEC_POLICY_MEMORY (default:
+BATCHSPEC_CACHE/policy, i.e. ~/.cache/batchspec/policy; "off" turns it off on the node):
 
-Two JSON files per node, under BATCHSPEC_POLICY_MEMORY (default: BATCHSPEC_CACHE/policy, i.e.
-~/.cache/batchspec/policy; "off" turns it off for every job on the node):
-
-    costs-<hash>.json  step costs by concurrency. Keyed by what changes them: the backend and its
-                       version, the device, the actor's threads and CPUs/GPUs, and the model
-                       section of the spec (storage options left out). Any job with that key reads it.
+    costs-<hash>.json  step costs by concurrency and (vllm) the clean steps per arm, (rows,
+                       seconds), the step lines were fitted on, with what a prompt token cost.
+                       Keyed by what changes them: the backend and its version, the device, the
+                       actor's threads and CPUs/GPUs, and the spec's model section (storage
+                       options left out). Any job with that key reads it.
     job-<hash>.json    the acceptance estimate and recent completion lengths. Keyed by the costs key
                        plus the job's name, generation settings, prompt column and template (not
                        the input path: a nightly job's input moves, its data does not).
 
 Only measurements are kept: token counts and seconds, never a prompt. Costs go on being refreshed
-from every call as before, and a remembered acceptance counts as at most PRIOR_TRIALS trials, so
-the first call of a run outweighs it. A run that decides "off" from memory measures nothing, and
-would go on deciding from the same numbers every night: so remembered costs are used for
-MAX_AGE_DAYS after the run that last measured them (their file keeps that run's measured_at),
-then the job measures again as if new, acceptance included. On vllm no decision rests on a
-remembered acceptance: every run measures each shard's own on its look rows (runner/worker.py),
-so an "off" is never carried over unchecked. A file that cannot be read is
-ignored with one warning (the run measures as if it were new); writes go through a temporary
-file and a rename, so a killed actor leaves the last good file.
+from every call; a remembered acceptance counts as at most PRIOR_TRIALS trials, so the first call
+of a run outweighs it. Remembered steps join the run's own (the newest policy.planner.KEEP_POINTS
+per arm are fitted), so a remembered run's first decisions rest on the hundreds of steps the last
+run took, not on its look's few dozen, and with a plain engine its look need not time the plain
+arm again (ActorPolicy.needs_plain_look). A run that decides "off" from memory measures nothing
+and would decide from the same numbers every night: so remembered costs are used for MAX_AGE_DAYS
+after the run that last measured them (their file keeps its measured_at), then the job measures
+again as if new. On vllm no decision rests on a remembered acceptance: every run measures each
+shard's own on its look rows, so an "off" is never carried over unchecked. A file that cannot be
+read is ignored with one warning; writes go through a temporary file and a rename, so a killed
+actor leaves the last good file.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import tempfile
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 from ..policy import Acceptance, Costs
 from .memory_keys import digest, memory_keys, memory_root, readable
@@ -47,9 +49,21 @@ MAX_AGE_DAYS = 7.0  # a nightly job that stays off measures again once a week
 NEW_TOKENS_KEPT = 256  # the window Policy.expected_new_tokens averages over
 
 
-def _as_dicts(costs: dict[int, Costs]) -> dict[int, dict]:
-    """A copy of the costs as plain data: what is written, and what tells whether a run changed them."""
-    return {b: asdict(c) for b, c in costs.items()}
+class Remembered(NamedTuple):
+    """What PolicyMemory.load gives back (empty where nothing was kept), for ActorPolicy.start_from."""
+    costs: dict[int, Costs]
+    prior: Acceptance | None
+    new_tokens: list[int]
+    source: str | None  # which run measured it: "job ... at ..."
+    points: dict[int, list[tuple[float, float]]]  # vllm: clean steps per arm (k: 0 plain), (rows, seconds)
+    prefill_row_token_s: tuple[float, float] | None  # vllm: a prompt token's cost per row (target, draft)
+
+
+def _measured(costs: dict[int, Costs], steps: dict) -> dict:
+    """The costs and steps as plain data (JSON's, so that what was read compares equal to what
+    would be written): what tells whether a run changed them."""
+    return json.loads(json.dumps({"costs": {str(b): asdict(c) for b, c in costs.items()},
+                                  "steps": steps or {"points": {}, "prefill_row_token_s": None}}))
 
 
 class PolicyMemory:
@@ -78,12 +92,13 @@ class PolicyMemory:
             log.warning("policy memory %s could not be read (%s); measuring as for a new job", path, e)
             return None
 
-    def load(self) -> tuple[dict[int, Costs], Acceptance | None, list[int], str | None]:
-        """(costs by concurrency, acceptance prior, recent completion lengths, which run they come from).
-        Anything unreadable or malformed comes back empty, with one warning; costs measured more
-        than MAX_AGE_DAYS ago are dropped, so the run measures them (and acceptance) again."""
+    def load(self) -> Remembered:
+        """What was kept; empty, with one warning, where unreadable or malformed. Costs and steps
+        measured over MAX_AGE_DAYS ago are dropped: the run measures them again."""
         costs: dict[int, Costs] = {}
+        points: dict[int, list[tuple[float, float]]] = {}
         prior, new_tokens, source = None, [], None
+        prefill: tuple[float, float] | None = None
         try:
             data = self._read(self.costs_path)
             age = datetime.now(UTC) - datetime.fromisoformat(data["measured_at"]) if data else None
@@ -92,8 +107,13 @@ class PolicyMemory:
                          self.costs_path.name, age.total_seconds() / 86400, MAX_AGE_DAYS)
             elif data:
                 costs = {int(b): Costs.from_json(c) for b, c in data["costs"].items()}
+                steps = data.get("steps") or {}
+                points = {int(k): [(float(r), float(s)) for r, s in kept] for k, kept in steps.get("points", {}).items()}
+                if steps.get("prefill_row_token_s"):
+                    target, draft = steps["prefill_row_token_s"]
+                    prefill = (float(target), float(draft))
                 source = f"job {data['job_id']} at {data['measured_at']}"
-                self._costs_loaded = (_as_dicts(costs), data["job_id"], data["measured_at"])
+                self._costs_loaded = (_measured(costs, steps), data["job_id"], data["measured_at"])
             data = self._read(self.job_path)
             if data:
                 a = data["acceptance"]
@@ -106,23 +126,27 @@ class PolicyMemory:
             log.warning("policy memory under %s is malformed (%s: %s); measuring as for a new job",
                         self.root, type(e).__name__, e)
             self._costs_loaded = None
-            return {}, None, [], None
-        return costs, prior, new_tokens, source
+            return Remembered({}, None, [], None, {}, None)
+        return Remembered(costs, prior, new_tokens, source, points, prefill)
 
-    def save(self, costs: dict[int, Costs], prior: Acceptance, new_tokens: list[int], job_id: str) -> None:
-        """Write both files (atomically each). Costs this run left as they were keep the stamp of the
-        run that measured them, which is what their age counts from. A failure to write is a
-        warning, never a failed shard."""
+    def save(self, costs: dict[int, Costs], prior: Acceptance, new_tokens: list[int], job_id: str,
+             points: dict[int, list[tuple[float, float]]] | None = None,
+             prefill_row_token_s: tuple[float, float] | None = None) -> None:
+        """Write both files (atomically each). Costs (and steps) this run left as they were keep the
+        stamp of the run that measured them, which is what their age counts from. A failure to write
+        is a warning, never a failed shard."""
         now = datetime.now(UTC).isoformat(timespec="seconds")
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             if costs:
-                data = _as_dicts(costs)
+                steps = {"points": {str(k): [list(p) for p in kept] for k, kept in (points or {}).items()},
+                         "prefill_row_token_s": list(prefill_row_token_s) if prefill_row_token_s else None}
+                data = _measured(costs, steps)
                 loaded, by, at = self._costs_loaded or (None, job_id, now)
                 if data != loaded:
                     by, at = job_id, now
                 self._write(self.costs_path, {"job_id": by, "measured_at": at, "key": readable(self.costs_key),
-                                             "costs": data})
+                                             "costs": data["costs"], "steps": steps})
                 self._costs_loaded = (data, by, at)
             if prior.trials > 0 or new_tokens:
                 key = {**self.job_key, "costs": readable(self.costs_key)}

@@ -59,12 +59,13 @@ class ShardRunner:
         # What earlier runs measured on this node (runner/memory.py): the first call need not measure.
         self.memory = PolicyMemory.for_spec(spec, engine.name) if mode == "auto" else None
         if self.memory is not None:
-            costs, prior, new_tokens, remembered = self.memory.load()
-            self.planner.start_from(costs, prior, new_tokens, remembered)
+            costs, prior, new_tokens, remembered, points, prefill = self.memory.load()
+            self.planner.start_from(costs, prior, new_tokens, remembered, points, prefill)
             if remembered:
                 a = self.policy.prior.estimate
                 log_event(log, f"policy: starting from what {remembered} measured on this node (costs at "
-                          f"concurrency {', '.join(map(str, sorted(costs))) or 'none'}, acceptance "
+                          f"concurrency {', '.join(map(str, sorted(costs))) or 'none'}, "
+                          f"{sum(map(len, points.values()))} clean steps, acceptance "
                           f"{'unknown' if a is None else f'{a:.2f}'})", job=job_id)
         self.worker = worker_id()
         faults = FaultPlan.from_env()  # None unless a reliability test set BATCHSPEC_FAULT_FILE
@@ -125,7 +126,8 @@ class ShardRunner:
                 out[w.shard.shard] = fail_shard(self.store, self.job_id, self.worker, w.shard, e)
         if self.memory is not None and works:
             p, plan = self.policy, self.planner
-            self.memory.save(plan.costs_by_batch, p.prior, p.new_tokens_seen, self.job_id)
+            self.memory.save(plan.costs_by_batch, p.prior, p.new_tokens_seen, self.job_id, plan.points,
+                             plan.prefill_row_token_s)
             plan.remembered = None  # from here on the decisions rest on this run's own measurements too
         return [out[s.shard] for s in shards]
 
