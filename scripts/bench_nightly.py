@@ -3,6 +3,7 @@ spec and the per-shard oracle, side by side, at two engine concurrencies (issue 
 
     python scripts/bench_nightly.py                       # 8 shards x 300 rows, default and 64 concurrency
     python scripts/bench_nightly.py --rows 300 --repeats 2 --concurrency 256,64 --out bench-nightly.json
+    python scripts/bench_nightly.py --engines two --paired 3     # judge on a paired per-shard reference
 
 The data (written here, seeded): the demo's synthetic contracts (the draft's domain) and the same
 contracts with the words of each line shuffled (out of domain: the draft's acceptance is lower),
@@ -17,6 +18,9 @@ in its own process:
     bare plain     LLM(...) without speculation, a warm-up call, one timed LLM.generate over every
                    row; then one timed call per shard ("apart")
     bare spec      the same with the job's speculative config at k = 4
+    paired         (--paired N) both engines in one process, each shard apart on each, N times,
+                   the arms' order alternating: the per-shard reference decisions, predictions and
+                   the oracle are judged on (medians), instead of the two processes' apart calls
     auto first     `batchspec submit` with nothing remembered (an empty BATCHSPEC_POLICY_MEMORY)
     auto remembered  the same job again, starting from what the first run left in its memory
     batchspec off  the same job with speculation.mode=off: what batchspec's own plain decoding costs,
@@ -129,6 +133,30 @@ def write_job(tmp: Path, data: Path, concurrency: int | None) -> Path:
     path.write_text(yaml.safe_dump(job))
     return path
 
+# Both engines in one process (plain first, as batchspec's actor starts them), each shard timed
+# apart on each, `repeats` times, the arms' order alternating between repetitions: a per-shard
+# reference whose two arms ran minutes, not processes, apart (--paired).
+PAIRED = r"""
+import json, os, statistics, sys, time
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+cfg = json.loads(open(sys.argv[1]).read())
+from vllm import LLM, SamplingParams
+engines = {"plain": LLM(**cfg["plain"]), "spec": LLM(**cfg["spec"])}
+params = SamplingParams(temperature=0.0, max_tokens=cfg["max_new_tokens"], stop=cfg["stop"] or None)
+shards = {name: [{"prompt_token_ids": ids} for ids in rows] for name, rows in cfg["shards"].items()}
+for llm in engines.values():
+    llm.generate(next(iter(shards.values()))[:2], params, use_tqdm=False)  # warm-up
+times = {arm: {name: [] for name in shards} for arm in engines}
+for rep in range(cfg["repeats"]):
+    for name, rows in shards.items():
+        for arm in (("plain", "spec") if rep % 2 == 0 else ("spec", "plain")):
+            t = time.perf_counter()
+            engines[arm].generate(rows, params, use_tqdm=False)
+            times[arm][name].append(time.perf_counter() - t)
+print("RESULT" + json.dumps({"median": {arm: {n: statistics.median(v) for n, v in by.items()} for arm, by in times.items()},
+                             "times": times}))
+"""
+
 
 def shard_prompts(job: Path) -> dict[str, list[list[int]]]:
     """Each shard's rows as token ids, in plan order, as the runner builds them."""
@@ -147,7 +175,8 @@ def shard_prompts(job: Path) -> dict[str, list[list[int]]]:
     return out
 
 
-def bare(job: Path, shards: dict[str, list[list[int]]], speculative: bool) -> dict:
+def bare_args(job: Path, speculative: bool) -> tuple[dict, object]:
+    """The bare engine's LLM arguments (the project's engine_args, as bench_vllm.py), and the spec."""
     from batchspec.engine.vllm_backend import engine_args
     from batchspec.spec import load_spec
 
@@ -158,6 +187,11 @@ def bare(job: Path, shards: dict[str, list[list[int]]], speculative: bool) -> di
         args["speculative_config"].pop("num_speculative_tokens_per_batch_size")
     else:
         args["speculative_config"] = None
+    return args, spec
+
+
+def bare(job: Path, shards: dict[str, list[list[int]]], speculative: bool) -> dict:
+    args, spec = bare_args(job, speculative)
     cfg = {"engine": args, "shards": shards, "max_new_tokens": spec.generation.max_new_tokens,
            "stop": spec.generation.stop}
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
@@ -166,6 +200,18 @@ def bare(job: Path, shards: dict[str, list[list[int]]], speculative: bool) -> di
         t = time.perf_counter()
         res = child_result(BARE, f.name, what="bare vLLM")
     return {**res, "wall_s": time.perf_counter() - t}
+
+
+def paired(job: Path, shards: dict[str, list[list[int]]], repeats: int) -> dict:
+    """Each shard apart on a plain and a speculative engine in one process, interleaved (PAIRED)."""
+    plain, _ = bare_args(job, False)
+    speculative, spec = bare_args(job, True)
+    cfg = {"plain": plain, "spec": speculative, "shards": shards, "repeats": repeats,
+           "max_new_tokens": spec.generation.max_new_tokens, "stop": spec.generation.stop}
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(cfg, f)
+        f.flush()
+        return child_result(PAIRED, f.name, what="paired bare vLLM")
 
 
 def auto(job: Path, out: Path, memory: Path, *sets: str) -> dict:
@@ -194,13 +240,13 @@ def auto(job: Path, out: Path, memory: Path, *sets: str) -> dict:
     return res
 
 
-def favoured(plain: dict, spec: dict, domains: dict[str, str]) -> dict[str, str | None]:
+def favoured(apart: dict[str, dict[str, float]], domains: dict[str, str]) -> dict[str, str | None]:
     """Per kind of shard (domain and length profile), the arm its bare runs apart favour by >= 5%
-    ("spec"/"plain"), None for a tie."""
+    ("spec"/"plain"), None for a tie. apart: {"plain"|"spec": {shard: seconds}}."""
     out = {}
     for domain in sorted(set(domains.values())):
         names = [n for n, d in domains.items() if d == domain]
-        p, s = (sum(r["apart_s"][n] for n in names) for r in (plain, spec))
+        p, s = (sum(apart[arm][n] for n in names) for arm in ("plain", "spec"))
         out[domain] = "spec" if p >= 1.05 * s else "plain" if s >= 1.05 * p else None
     return out
 
@@ -218,6 +264,8 @@ def run(args) -> dict:
                 entry = {"concurrency": conc, "repeat": rep, "order": list(shards)}
                 entry["bare_plain"] = bare(job, shards, False)
                 entry["bare_spec"] = bare(job, shards, True)
+                if args.paired:
+                    entry["paired"] = paired(job, shards, args.paired)
                 for engines in args.engines:
                     sets = ENGINES[engines]
                     tag = f"{conc}-{rep}-{engines}"
@@ -240,8 +288,10 @@ def run(args) -> dict:
 
 def summarize(e: dict, domains: dict[str, str], engines: list[str]) -> None:
     plain, spec = e["bare_plain"], e["bare_spec"]
-    e["oracle_s"] = sum(min(plain["apart_s"][n], spec["apart_s"][n]) for n in domains)
-    e["favoured"] = favoured(plain, spec, domains)
+    # Each shard apart: the paired reference where it ran (--paired), else each bare process's own.
+    apart = e["paired"]["median"] if "paired" in e else {"plain": plain["apart_s"], "spec": spec["apart_s"]}
+    e["oracle_s"] = sum(min(apart["plain"][n], apart["spec"][n]) for n in domains)
+    e["favoured"] = favoured(apart, domains)
     best = min(plain["generate_s"], spec["generate_s"])
     expected, per_shard = plain["completions"], len(plain["completions"]) // len(domains)
     for name in (f"{run}{v}" for v in engines for run in ("auto_first", "auto_remembered")):
@@ -260,7 +310,7 @@ def summarize(e: dict, domains: dict[str, str], engines: list[str]) -> None:
             names = [n for n, d in domains.items() if d == kind]
             preds = [r["predicted"].get(n) for n in names if r["predicted"].get(n) is not None]
             if preds:
-                actual = sum(plain["apart_s"][n] for n in names) / sum(spec["apart_s"][n] for n in names)
+                actual = sum(apart["plain"][n] for n in names) / sum(apart["spec"][n] for n in names)
                 r["prediction_error"][kind] = round(sum(preds) / len(preds) / actual - 1, 3)
         r["saving_error_of_generation"] = None
         reported = r["saving"].get("measured_saving_s")
@@ -306,6 +356,9 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write every figure as JSON here")
     ap.add_argument("--engines", default="one", help="batchspec's engines per actor, comma-separated: one (the "
                     "speculative engine decodes plain too), two (model.vllm_plain_engine); one,two runs both in turn")
+    ap.add_argument("--paired", type=int, default=0, help="also time each shard apart on a plain and a "
+                    "speculative engine in one process, this many times each, interleaved, and judge decisions, "
+                    "predictions and the oracle on those medians (each bare process's own apart call otherwise)")
     ap.add_argument("--keep", default=None, help="write the data, jobs and outputs here and keep them (default: a "
                     "temporary directory, removed)")
     args = ap.parse_args()
