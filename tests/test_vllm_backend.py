@@ -1043,12 +1043,15 @@ def test_the_plain_engine_is_on_by_default_where_a_call_can_run_plain_on_cpu(mon
     assert not wants_plain_engine(auto.model_copy(update={"vllm_plain_engine": False}), on_gpu=False)
 
 
-def test_with_a_plain_engine_the_look_times_each_arm_on_its_own_engine(tmp_path, hf_reference, monkeypatch):
+def test_with_a_plain_engine_the_look_times_each_arm_on_its_own_engine(tmp_path, hf_reference, monkeypatch, caplog):
     """auto with model.vllm_plain_engine, in process on the demo pair: each shard's look rows run
     at k on the speculative engine (no plain blocks there) and as many again plain on the plain
     engine, which is what the plain arm's step costs come from; each shard is then decided from its
-    own look rows, its plain rows run on the plain engine, and every row equals the hf reference."""
+    own look rows, its plain rows run on the plain engine, and every row equals the hf reference.
+    Each call once the lines exist logs what it took against what they priced it at."""
     import gc
+    import logging
+    import re
 
     from batchspec.engine.backend import load_backend
     from batchspec.runner.plan import plan_shards
@@ -1064,9 +1067,15 @@ def test_with_a_plain_engine_the_look_times_each_arm_on_its_own_engine(tmp_path,
         for name, llm in (("plain", backend.plain_llm), ("spec", backend.llm)):
             monkeypatch.setattr(llm, "generate", lambda prompts, *a, _run=llm.generate, _name=name, **kw: (
                 engines.append((_name, len(prompts))), _run(prompts, *a, **kw))[1])
-        manifests = runner.run_many(plan_shards(spec.input.path))
+        with caplog.at_level(logging.INFO, logger="batchspec.worker"):
+            manifests = runner.run_many(plan_shards(spec.input.path))
         assert [m["status"] for m in manifests] == ["done", "done"]
         assert engines[:2] == [("spec", 16), ("plain", 16)]  # 8 of each shard's rows at k, then 8 plain
+        priced = [re.search(r"call: (\d+) rows at k=(\d) took ([\d.]+) s; the step lines priced them at ([\d.]+) s",
+                            r.getMessage()) for r in caplog.records]
+        priced = [m.groups() for m in priced if m]
+        assert priced and priced[0][:2] == ("16", "0")  # the plain look, the first call with both lines
+        assert all(float(took) > 0 and float(price) > 0 for *_, took, price in priced)
         for m in manifests:
             look, plain_look, own = m["decisions"][:3]
             assert look["kind"] == "look" and plain_look["kind"] == "look_plain" and not plain_look["speculate"]

@@ -114,19 +114,27 @@ def _run_look(calls: Calls, works: list[ShardWork], batch: list[tuple[ShardWork,
 def _timed(calls: Calls, batch: list[tuple[ShardWork, RowInput]], decision: Decision, rule, spent: dict[int, float]) -> None:
     """One call (_run_block), its measured time split among the shards it ran rows of by what
     their rows' own work cost (_row_shares), so a shard's time is its rows', not a share of the
-    call by tokens."""
+    call by tokens. The log says what the call took against what the step lines priced it at:
+    how far the cost model the decisions rest on is from whole calls (docs/policy.md)."""
     t0 = time.perf_counter()
     calls.run_block(batch, decision, rule)
     seconds = time.perf_counter() - t0
-    for key, share in _row_shares(calls.planner, batch, min(len(batch), calls.concurrency(len(batch)))).items():
+    shares, priced = _row_shares(calls.planner, batch, min(len(batch), calls.concurrency(len(batch))))
+    for key, share in shares.items():
         spent[key] += seconds * share
+    if priced:
+        log_event(log, f"call: {len(batch)} rows at k={decision.k if decision.speculate else 0} took {seconds:.2f} s; "
+                  f"the step lines priced them at {priced:.2f} s ({seconds / priced:.2f}x)", job=calls.job_id)
 
 
-def _row_shares(planner: ActorPolicy, batch: list[tuple[ShardWork, RowInput]], concurrency: int) -> dict[int, float]:
+def _row_shares(planner: ActorPolicy, batch: list[tuple[ShardWork, RowInput]], concurrency: int
+                ) -> tuple[dict[int, float], float | None]:
     """Each shard's share of a call: what its rows' own work cost (ActorPolicy.row_cost: verify
     steps at k, plain steps and prompt, priced with the step lines at the call's concurrency), by
-    completion tokens where there are no lines, equal shares when nothing was generated."""
+    completion tokens where there are no lines, equal shares when nothing was generated; and the
+    call's price, the sum of its rows' costs (None without lines)."""
     weights: dict[int, float] = {}
+    priced: float | None = 0.0
     for w, r in batch:
         result = w.results.get(r.row_index)
         if result is None:
@@ -135,8 +143,9 @@ def _row_shares(planner: ActorPolicy, batch: list[tuple[ShardWork, RowInput]], c
         cost = planner.row_cost(s.prompt_tokens, s.completion_tokens, s.accepted_tokens, s.spec_rounds,
                                 concurrency, result[1].speculate or s.spec_rounds > 0)
         weights[id(w)] = weights.get(id(w), 0.0) + (s.completion_tokens if cost is None else cost)
+        priced = None if cost is None or priced is None else priced + cost
     total, shards = sum(weights.values()), {id(w) for w, _ in batch}
-    return {key: weights.get(key, 0.0) / total if total else 1.0 / len(shards) for key in shards}
+    return {key: weights.get(key, 0.0) / total if total else 1.0 / len(shards) for key in shards}, priced
 
 
 def measured_saving(planner: ActorPolicy, work: ShardWork) -> dict | None:

@@ -1,0 +1,81 @@
+"""How far the cost model is from whole calls: the nightly job's shards on the vllm backend, in
+one process as an actor runs them (two engines), a first run and a remembered one; each call's
+measured seconds against what the step lines priced its rows at (the "call:" line that
+runner/together.py logs), per arm.
+
+    python scripts/bench_call_prices.py                      # at max_num_seqs 64, the policy's margin
+    python scripts/bench_call_prices.py --margin -0.12       # lower the bar, so some shards speculate
+
+The step lines are fitted on the steps of calls' drains (the only steps without prompts in them);
+a ratio far from 1.00x, and apart between the arms, is a bias in the predictions the decisions
+rest on (docs/policy.md). The data is bench_nightly.py's (8 shards, 2,400 rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+CALL = re.compile(r"call: (\d+) rows at k=(\d+) took ([\d.]+) s; the step lines priced them at ([\d.]+) s")
+
+
+class Calls(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.seen: list[tuple[int, int, float, float]] = []
+
+    def emit(self, record):
+        if m := CALL.search(record.getMessage()):
+            rows, k, took, priced = m.groups()
+            self.seen.append((int(rows), int(k), float(took), float(priced)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", type=int, default=64, help="max_num_seqs")
+    ap.add_argument("--rows", type=int, default=300, help="rows per shard (8 shards)")
+    ap.add_argument("--margin", type=float, default=None, help="the policy's margin (default: its own, 0.05)")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-call-prices-"))
+    os.environ["BATCHSPEC_POLICY_MEMORY"] = str(tmp / "memory")
+    import bench_nightly
+
+    from batchspec.runner.plan import plan_shards
+    from batchspec.runner.worker import ShardRunner
+    from batchspec.spec import load_spec
+
+    bench_nightly.write_data(tmp / "data", args.rows)
+    spec = load_spec(str(bench_nightly.write_job(tmp, tmp / "data", args.concurrency)))
+    calls = Calls()
+    logging.getLogger("batchspec.worker").addHandler(calls)
+    logging.getLogger("batchspec.worker").setLevel(logging.INFO)
+    engine = None
+    print(f"threads: {os.cpu_count()} cores; concurrency {args.concurrency}; rows: 8 x {args.rows}")
+    for run in ("first", "remembered"):
+        s = spec.model_copy(update={"output": spec.output.model_copy(update={"path": str(tmp / f"out-{run}")})})
+        runner = ShardRunner(s, f"prices-{run}", engine=engine)
+        engine = runner.engine
+        if args.margin is not None:
+            runner.policy.margin = args.margin
+        calls.seen.clear()
+        t = time.perf_counter()
+        manifests = runner.run_many(plan_shards(s.input.path))
+        print(f"{run}: {time.perf_counter() - t:.1f} s")
+        for rows, k, took, priced in calls.seen:
+            print(f"  call of {rows:5d} rows at k={k}: took {took:6.2f} s, priced {priced:6.2f} s ({took / priced:.2f}x)")
+        for m in manifests:
+            d = m["decisions"][-1]
+            print(f"    {m['shard']:18s} {d['kind']:10s} predicted {d['numbers'].get('predicted_own')}")
+
+
+if __name__ == "__main__":
+    main()
