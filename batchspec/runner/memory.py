@@ -59,11 +59,15 @@ class Remembered(NamedTuple):
     prefill_row_token_s: tuple[float, float] | None  # vllm: a prompt token's cost per row (target, draft)
 
 
+def _steps(points: dict[int, list[tuple[float, float]]] | None, prefill: tuple[float, float] | None) -> dict:
+    """The clean steps and prompt costs as the costs file holds them."""
+    return {"points": {str(k): [list(p) for p in kept] for k, kept in (points or {}).items()},
+            "prefill_row_token_s": list(prefill) if prefill else None}
+
+
 def _measured(costs: dict[int, Costs], steps: dict) -> dict:
-    """The costs and steps as plain data (JSON's, so that what was read compares equal to what
-    would be written): what tells whether a run changed them."""
-    return json.loads(json.dumps({"costs": {str(b): asdict(c) for b, c in costs.items()},
-                                  "steps": steps or {"points": {}, "prefill_row_token_s": None}}))
+    """The costs file's measurements as plain data: what is written, and whether a run changed them."""
+    return {"costs": {b: asdict(c) for b, c in costs.items()}, "steps": steps}
 
 
 class PolicyMemory:
@@ -113,7 +117,7 @@ class PolicyMemory:
                     target, draft = steps["prefill_row_token_s"]
                     prefill = (float(target), float(draft))
                 source = f"job {data['job_id']} at {data['measured_at']}"
-                self._costs_loaded = (_measured(costs, steps), data["job_id"], data["measured_at"])
+                self._costs_loaded = (_measured(costs, _steps(points, prefill)), data["job_id"], data["measured_at"])
             data = self._read(self.job_path)
             if data:
                 a = data["acceptance"]
@@ -139,14 +143,11 @@ class PolicyMemory:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             if costs:
-                steps = {"points": {str(k): [list(p) for p in kept] for k, kept in (points or {}).items()},
-                         "prefill_row_token_s": list(prefill_row_token_s) if prefill_row_token_s else None}
-                data = _measured(costs, steps)
+                data = _measured(costs, _steps(points, prefill_row_token_s))
                 loaded, by, at = self._costs_loaded or (None, job_id, now)
                 if data != loaded:
                     by, at = job_id, now
-                self._write(self.costs_path, {"job_id": by, "measured_at": at, "key": readable(self.costs_key),
-                                             "costs": data["costs"], "steps": steps})
+                self._write(self.costs_path, {"job_id": by, "measured_at": at, "key": readable(self.costs_key), **data})
                 self._costs_loaded = (data, by, at)
             if prior.trials > 0 or new_tokens:
                 key = {**self.job_key, "costs": readable(self.costs_key)}

@@ -134,7 +134,7 @@ def _row_shares(planner: ActorPolicy, batch: list[tuple[ShardWork, RowInput]], c
     completion tokens where there are no lines, equal shares when nothing was generated; and the
     call's price, the sum of its rows' costs (None without lines)."""
     weights: dict[int, float] = {}
-    priced: float | None = 0.0
+    priced = 0.0
     for w, r in batch:
         result = w.results.get(r.row_index)
         if result is None:
@@ -143,9 +143,9 @@ def _row_shares(planner: ActorPolicy, batch: list[tuple[ShardWork, RowInput]], c
         cost = planner.row_cost(s.prompt_tokens, s.completion_tokens, s.accepted_tokens, s.spec_rounds,
                                 concurrency, result[1].speculate or s.spec_rounds > 0)
         weights[id(w)] = weights.get(id(w), 0.0) + (s.completion_tokens if cost is None else cost)
-        priced = None if cost is None or priced is None else priced + cost
+        priced += cost or 0.0
     total, shards = sum(weights.values()), {id(w) for w, _ in batch}
-    return {key: weights.get(key, 0.0) / total if total else 1.0 / len(shards) for key in shards}, priced
+    return {key: weights.get(key, 0.0) / total if total else 1.0 / len(shards) for key in shards}, priced or None
 
 
 def measured_saving(planner: ActorPolicy, work: ShardWork) -> dict | None:
