@@ -198,8 +198,9 @@ def submit(
     attempts in all; a shard that kills its actor every time then fails alone (docs/operations.md).
 
     With speculation.mode auto, each actor starts from what the job's last run measured on its
-    node (costs, acceptance; ~/.cache/batchspec/policy, or BATCHSPEC_POLICY_MEMORY; "off" or
-    --set speculation.remember=false to start from nothing; docs/policy.md). On vLLM every shard
+    node (step costs and the steps they were fitted on, acceptance; ~/.cache/batchspec/policy, or
+    BATCHSPEC_POLICY_MEMORY; "off" or --set speculation.remember=false to start from nothing;
+    docs/policy.md). With --set speculation.mode=off the actors load no draft at all. On vLLM every shard
     of a call is decided from its own rows: a short look measures its acceptance and what a step
     costs at k and plain (plain on a second engine without speculation on CPU actors:
     model.vllm_plain_engine, auto), then its rows run under its own decision. With one engine, a
