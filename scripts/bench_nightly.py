@@ -133,6 +133,14 @@ def write_job(tmp: Path, data: Path, concurrency: int | None) -> Path:
     path.write_text(yaml.safe_dump(job))
     return path
 
+def fresh_job(name: str, rows: int, concurrency: int) -> tuple[Path, Path]:
+    """A new temporary directory with the nightly data (rows per shard) and its job at this
+    concurrency (256: vLLM's default); returns (directory, job). For the scripts built on this one."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    write_data(tmp / "data", rows)
+    return tmp, write_job(tmp, tmp / "data", None if concurrency == 256 else concurrency)
+
+
 # Both engines in one process (plain first, as batchspec's actor starts them), each shard timed
 # apart on each, `repeats` times, the arms' order alternating between repetitions: a per-shard
 # reference whose two arms ran minutes, not processes, apart (--paired).

@@ -17,7 +17,10 @@ from batchspec.policy import (
     InterleavedSteps,
     LengthProfile,
     Policy,
+    PromptPrices,
+    StepLine,
     expected_tokens,
+    own_acceptance,
     ratio_interval,
 )
 
@@ -105,8 +108,8 @@ def test_each_shard_is_decided_from_its_own_rows_and_the_paired_step_costs():
     assert plan.learn(rule, plan.look(16, 2)[0], 8, [20] * 16).kind is DecisionKind.LOOK
     assert plan.costs_by_batch[8].v(4) == pytest.approx(3.0) and len(plan.points[0]) >= 8
     good, bad = Shard([20] * 8, expected_new=64), Shard([20] * 8, expected_new=64)
-    alpha_good, per_step_good = plan.own_acceptance([(25, 10)] * 8, 4)  # 3.5 tokens a verify step
-    alpha_bad, per_step_bad = plan.own_acceptance([(6, 10)] * 8, 4)  # 1.6
+    alpha_good, per_step_good = own_acceptance([(25, 10)] * 8, 4)  # 3.5 tokens a verify step
+    alpha_bad, per_step_bad = own_acceptance([(6, 10)] * 8, 4)  # 1.6
     on = plan.decide_own(good, alpha_good, 8, per_step_good, 8)
     off = plan.decide_own(bad, alpha_bad, 8, per_step_bad, 8)
     assert on.kind is DecisionKind.ON and on.speculate and off.kind is DecisionKind.OFF and not off.speculate
@@ -115,7 +118,7 @@ def test_each_shard_is_decided_from_its_own_rows_and_the_paired_step_costs():
     assert on.alpha == pytest.approx(alpha_good) and expected_tokens(alpha_good, 4) == pytest.approx(3.5)
     assert on.figures.predicted_own == pytest.approx(on.predicted_speedup, abs=1e-3)  # at its own acceptance
     assert off.figures.predicted_own == pytest.approx(off.predicted_speedup, abs=1e-3) and off.figures.predicted_own < 1.0
-    assert plan.own_acceptance([], 4) == (None, None)
+    assert own_acceptance([], 4) == (None, None)
 
 
 def test_with_a_plain_engine_apart_each_arm_is_timed_on_its_own_engine():
@@ -151,6 +154,49 @@ def test_with_a_plain_engine_apart_each_arm_is_timed_on_its_own_engine():
     assert later is not None and later.k_spec == 0 and later.next_k() == 0
     with pytest.raises(ValueError):
         InterleavedSteps(0)  # interleaving needs an arm at k >= 1
+
+
+def test_prompts_are_priced_from_the_steps_that_ran_them_not_from_the_fill():
+    """Where the engine counts the prompt tokens a step ran, a prompt token's price is what the
+    steps that ran prompts took beyond their rows' decoding at the arm's step line, over those
+    tokens: the target's from the plain arm, the draft's as the arm at k's excess over it. The
+    fill, whose prompts cost more a token here than beside decoding rows, is one such step among
+    many; without counted prompt tokens the price is the fill's, as before."""
+    plan = planner(costs_known=False, measure_in_call=True)
+    plan.separate_plain = True
+    look, rule = plan.look(16, 2)
+    rule.observe_step(4, 0.05 + 1000 * 2 * 50e-6, 16, 8, True, draft_s=0.01, prompt_tokens=1000)  # the fill
+    for rows in range(8, 0, -1):
+        rule.observe_step(4, 0.020 + 0.002 * rows, rows * 3, rows, False)
+        rule.observe_step(4, 0.020 + 0.002 * rows + 100 * 50e-6, rows * 3, rows, True, prompt_tokens=100, decode_rows=rows)
+    plan.learn(rule, look, 8, [20] * 8)
+    assert plan.prompts.per_token(4, None) is None  # only the arm at k priced: the fill's estimate for now
+    assert plan.prefill_row_token_s is not None
+    plain_look, plain = plan.plain_look(16, 2)
+    plain.observe_step(0, 0.04, 8, 8, True, prompt_tokens=500)  # a plain fill at 70 us a token beyond 5 ms
+    for rows in range(8, 0, -1):
+        plain.observe_step(0, 0.005 + 0.001 * rows, rows, rows, False)
+        plain.observe_step(0, 0.005 + 0.001 * rows + 100 * 40e-6, rows, rows, True, prompt_tokens=100, decode_rows=rows)
+    plan.learn(plain, plain_look, 8, [20] * 8)
+    target, draft = plan.prefill_row_token_s
+    # plain: its fill's 40 ms less the line's 5 ms at no rows, and 4 ms in each of 8 steps beside
+    # rows decoding, over 1,300 tokens; at k: the fill's 0.16 s (draft included) less 20 ms, and
+    # 5 ms in each of 8 steps, over 1,800
+    assert target == pytest.approx((0.035 + 8 * 0.004) / 1300)
+    assert target + draft == pytest.approx((0.14 + 8 * 0.005) / 1800)
+    fill_only = planner(costs_known=False, measure_in_call=True)
+    look, rule = fill_only.look(16, 2)
+    rule.observe_step(4, 0.15, 16, 8, True, draft_s=0.01)  # no prompt tokens counted: the fill's estimate
+    for rows in range(8, 0, -1):
+        rule.observe_step(4, 0.020 + 0.002 * rows, rows * 3, rows, False)
+    fill_only.learn(rule, look, 8, [20] * 8)
+    assert fill_only.prefill_row_token_s == pytest.approx((0.15 / 20 / 8, 0.01 / 20 / 8))
+    again = PromptPrices()
+    assert again.per_token(4, None) is None and again.per_token(4, (1e-5, 2e-6)) is None  # nothing priced: the fill
+    again.add({4: [(0, 100, 0.02)]}, {4: None})
+    assert again.work == {}  # an arm without a step line is not priced
+    again.add({4: [(0, 100, 0.02)]}, {4: StepLine.fit([(1, 0.01), (2, 0.01)])})
+    assert again.per_token(4, (1e-5, 2e-6)) == pytest.approx((1e-5, 1e-4 - 1e-5))  # a remembered target, this run's k
 
 
 def test_with_a_plain_engine_apart_a_look_runs_rows_plain_until_the_plain_line_reaches_the_calls_concurrency():
@@ -224,7 +270,7 @@ def test_with_a_plain_engine_apart_a_shard_is_decided_on_the_central_estimate_un
     """Both arms timed on their own engines: "on" where the central prediction passes the
     threshold and the step ratio's slow end still pays; "off", saying why, where the slow end of a
     noisy ratio predicts a loss though the central estimate is the same."""
-    alpha, per_step = ActorPolicy.own_acceptance([(25, 10)] * 8, 4)  # 3.5 tokens a verify step
+    alpha, per_step = own_acceptance([(25, 10)] * 8, 4)  # 3.5 tokens a verify step
     tight = _two_engine_plan([0.030] * 8)
     on = tight.decide_own(Shard([20] * 8), alpha, 8, per_step, 8)
     assert on.kind is DecisionKind.ON and on.speculate and "at the slow end of the step ratio's 95% interval)" in on.reason

@@ -801,18 +801,21 @@ def test_vllm_switches_k_between_engine_steps_without_changing_a_token(vllm_back
     rows equal plain greedy decoding, each step is reported with the k it ran, the steps' tokens
     add up to the completions, and a clean plain step emits exactly one token per running row.
     The 96 prompts fill in more than one step, and in the later ones the rows admitted first
-    decode: those tokens are reported apart, the rest being one first token per row at most."""
+    decode: those tokens are reported apart, the rest being one first token per row at most. Each
+    step that runs prompts says how many prompt tokens it ran (no more than the prompts hold, the
+    prefix cache serving some) and beside how many rows decoding; no other step runs any."""
 
     class Script:
         def __init__(self, ks):
-            self.ks, self.seen, self.decoding = ks, [], []
+            self.ks, self.seen, self.decoding, self.prompts = ks, [], [], []
 
         def next_k(self):
             return self.ks[len(self.seen) % len(self.ks)]
 
-        def observe_step(self, k, seconds, tokens, rows, prefill, draft_s=0.0, decode_tokens=0):
+        def observe_step(self, k, seconds, tokens, rows, prefill, draft_s=0.0, decode_tokens=0, prompt_tokens=0, decode_rows=0):
             self.seen.append((k, seconds, tokens, rows, prefill))
             self.decoding.append(decode_tokens)
+            self.prompts.append((prompt_tokens, decode_rows))
 
     rule = Script([4, 4, 0, 0, 0, 2, 2, 1])
     outs, _ = vllm_backend.generate(demo_prompt_ids, 48, stop=("\n",), speculate=True, draft_length=rule)
@@ -830,6 +833,10 @@ def test_vllm_switches_k_between_engine_steps_without_changing_a_token(vllm_back
     assert len(fill) > 1 and fill[0][2] == 0 and any(decoding > 0 for *_, decoding in fill[1:])
     assert all(0 <= tokens - decoding <= rows for tokens, rows, decoding in fill)
     assert all(decoding == 0 for (*_, prefill), decoding in zip(rule.seen, rule.decoding) if not prefill)
+    ran = [(p, d, rows, prefill) for (*_, rows, prefill), (p, d) in zip(rule.seen, rule.prompts)]
+    assert 0 < sum(p for p, *_ in ran) <= sum(len(ids) for ids in demo_prompt_ids)
+    assert ran[0][0] > 0 and ran[0][1] == 0 and any(p > 0 and d > 0 for p, d, *_ in ran)
+    assert all(p == 0 and d == 0 for p, d, _, prefill in ran if not prefill) and all(d <= rows for _, d, rows, _ in ran)
 
 
 def test_plain_decoding_on_the_speculative_engine_skips_the_draft_and_leaves_no_cache_behind(
@@ -864,7 +871,7 @@ def test_plain_decoding_on_the_speculative_engine_skips_the_draft_and_leaves_no_
             self.settled = len(self.seen) >= 5
             return 4 if len(self.seen) < 2 else 0
 
-        def observe_step(self, k, seconds, tokens, rows, prefill, draft_s=0.0, decode_tokens=0):
+        def observe_step(self, k, seconds, tokens, rows, prefill, draft_s=0.0, decode_tokens=0, prompt_tokens=0, decode_rows=0):
             self.seen.append((k, self.settled, len(forwards)))
 
     try:
@@ -1152,6 +1159,10 @@ def test_vllm_private_hooks_still_exist():
     scheduler_src, request_src = inspect.getsource(Scheduler), inspect.getsource(Request)
     assert "self.waiting" in scheduler_src and "self.running" in scheduler_src, "step_admits_prompts"
     assert "num_computed_tokens" in request_src and "num_prompt_tokens" in request_src, "step_admits_prompts"
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    assert callable(Scheduler.schedule), "keep_schedules"
+    assert "num_scheduled_tokens" in SchedulerOutput.__dataclass_fields__, "prompt_tokens_scheduled"
     params = list(inspect.signature(SpecDecodeBaseProposer.propose).parameters)
     assert params[1] == "num_speculative_tokens" and "common_attn_metadata" in params, "propose_call_k"
     assert "_last_draft_probs" in inspect.getsource(SpecDecodeBaseProposer), "skipped_proposal"

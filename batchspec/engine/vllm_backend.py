@@ -250,13 +250,19 @@ class VLLMBackend:
         self._time_draft = False  # time the draft's forward in this step (into _draft_s)
         self._draft_s = 0.0
         self._skipped = False  # a draft forward was skipped since the prefix cache was last emptied
+        self._scheduled = None  # the scheduler output of the step running (either engine's: one steps at a time)
         if draft_kind != "none":
             client, core, self._scheduler = patches.in_process_core(llm)  # see module docstring
             patches.wrap_engine_step(client, lambda get_output: self._stepper(get_output, self._scheduler))
+            patches.keep_schedules(self._scheduler, self._keep_schedule)
             self.skips_draft = self._wrap_drafter(core)
             if plain_llm is not None:  # its plain steps are timed the same way (one arm of the pair)
                 plain_client, _, plain_scheduler = patches.in_process_core(plain_llm)
                 patches.wrap_engine_step(plain_client, lambda get_output: self._stepper(get_output, plain_scheduler))
+                patches.keep_schedules(plain_scheduler, self._keep_schedule)
+
+    def _keep_schedule(self, output) -> None:
+        self._scheduled = output
 
     def _wrap_drafter(self, engine_core) -> bool:
         """Wrap the in-process model runner's draft proposer so that a k = 0 step (prefill or decode)
@@ -329,14 +335,16 @@ class VLLMBackend:
             # a plain step measured while the rule still might go back to k > 0.
             self._time_draft = (speculative and self.skips_draft and not self._skip_draft
                                 and (prefill or (k == 0 and not settled)))
-            self._draft_s = 0.0
+            self._draft_s, self._scheduled = 0.0, None
             t = time.perf_counter()
             out = get_output()
             seconds = time.perf_counter() - t - self._draft_s
             tokens = sum(len(o.new_token_ids) for o in out.outputs)
-            decode_tokens = sum(len(o.new_token_ids) for o in out.outputs if o.request_id in decoding)
+            decode = [len(o.new_token_ids) for o in out.outputs if o.request_id in decoding]
+            # The prompt tokens the step ran (what the policy prices a prompt token with).
+            prompts = patches.prompt_tokens_scheduled(self._scheduled, decoding) if prefill and self._scheduled else 0
             rule.observe_step(k, seconds, tokens, len(out.outputs), prefill, draft_s=self._draft_s,
-                              decode_tokens=decode_tokens)
+                              decode_tokens=sum(decode), prompt_tokens=prompts, decode_rows=len(decode))
             return out
 
         return step

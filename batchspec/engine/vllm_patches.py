@@ -66,6 +66,29 @@ def step_admits_prompts(scheduler: Any, max_seqs: int) -> tuple[bool, set[str]]:
     return prefill, decoding
 
 
+def keep_schedules(scheduler: Any, keep: Callable[[Any], None]) -> None:
+    """Hand each step's scheduler output of this engine to keep(output) as the step schedules it.
+
+    Why private: what a prompt token costs is measured in the steps that run prompts, which needs
+    how many prompt tokens each step ran (not those a prefix-cache hit skipped); only vLLM 0.32's
+    SchedulerOutput, which EngineCore.step gets from Scheduler.schedule() and keeps to itself, says
+    so (prompt_tokens_scheduled)."""
+    schedule = scheduler.schedule
+
+    def keeping(*args: Any, **kwargs: Any) -> Any:
+        output = schedule(*args, **kwargs)
+        keep(output)
+        return output
+
+    scheduler.schedule = keeping
+
+
+def prompt_tokens_scheduled(output: Any, decoding: set[str]) -> int:
+    """Prompt tokens a step ran: its scheduled tokens of requests not yet decoding (a prompt's
+    chunk; vLLM 0.32's SchedulerOutput.num_scheduled_tokens, request id -> tokens)."""
+    return sum(n for request_id, n in output.num_scheduled_tokens.items() if request_id not in decoding)
+
+
 def abort_all_requests(llm: Any) -> None:
     """Abort every request left in the engine after a failed LLM.generate.
 

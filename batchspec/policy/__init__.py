@@ -5,10 +5,11 @@ an actor's decisions between and inside its calls (planner.py).
 Pure Python: no torch, no Ray, no engine internals (import-linter keeps it so)."""
 
 from .decision import Decision, DecisionKind, Figures
-from .interleaved import InterleavedSteps, StepLine, ratio_interval
+from .interleaved import InterleavedSteps, PromptPrices, StepLine, ratio_interval
 from .model import Acceptance, Costs, LengthProfile, Policy, acceptance_for, decode_speedup, expected_tokens
-from .planner import ActorPolicy
+from .planner import ActorPolicy, own_acceptance
 from .steps import CostModelK
 
 __all__ = ["Acceptance", "ActorPolicy", "CostModelK", "Costs", "Decision", "DecisionKind", "Figures",
-           "LengthProfile", "InterleavedSteps", "Policy", "StepLine", "acceptance_for", "decode_speedup", "expected_tokens", "ratio_interval"]
+           "LengthProfile", "InterleavedSteps", "Policy", "PromptPrices", "StepLine", "acceptance_for", "decode_speedup", "expected_tokens", "own_acceptance",
+           "ratio_interval"]

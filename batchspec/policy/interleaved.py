@@ -119,6 +119,8 @@ class InterleavedSteps:
         self.prefill_s = 0.0  # the target's part of the steps that prefilled before the first clean step
         self.draft_prefill_s = 0.0
         self.fill_decode: dict[int, int] = {}  # k -> tokens that rows already decoding emitted in those steps
+        # arm -> (rows decoding, prompt tokens, seconds) of every step that ran prompts (prompt_price)
+        self.prompt_steps: dict[int, list[tuple[int, int, float]]] = {}
         self._last: int | None = None
         self._decoded = False
         self._in_phase = 0  # steps at the current k since it was set
@@ -137,12 +139,16 @@ class InterleavedSteps:
         return self.k
 
     def observe_step(self, k: int, seconds: float, tokens: int, rows: int, prefill: bool, draft_s: float = 0.0,
-                     decode_tokens: int = 0) -> None:
+                     decode_tokens: int = 0, prompt_tokens: int = 0, decode_rows: int = 0) -> None:
         """seconds: the step's cost as its arm pays it (a plain step's draft forward, which a plain
         engine would not run, timed apart by the engine and left out); draft_s: that draft time;
-        decode_tokens: of a prefill step's tokens, those that rows already decoding emitted."""
+        decode_tokens: of a prefill step's tokens, those that rows already decoding emitted;
+        prompt_tokens: the prompt tokens the step ran, beside decode_rows rows decoding (a step
+        that ran prompts is kept in prompt_steps, the draft's part counted for an arm at k)."""
         self._in_phase += 1
         self._rows = rows
+        if prefill and prompt_tokens > 0:
+            self.prompt_steps.setdefault(k, []).append((decode_rows, prompt_tokens, seconds + (draft_s if k else 0.0)))
         if prefill:
             if not self._decoded:
                 self._fill_rows = rows
@@ -215,3 +221,36 @@ class InterleavedSteps:
             return self.prefill_s, self.draft_prefill_s
         keep = (total - decode) / total
         return self.prefill_s * keep, self.draft_prefill_s * keep
+
+
+class PromptPrices:
+    """What a prompt token costs each arm, from the steps that ran prompts (InterleavedSteps.
+    prompt_steps): each such step's time less what its rows decoding cost at the arm's step line
+    (its fixed part where none decoded), summed over the run and divided by the prompt tokens the
+    steps ran. Most of a long call's steps admit a prompt beside the rows decoding; pricing
+    prompts from them, not from the fill that starts a call (prompts alone, the draft's forward
+    over them timed on its own), is what a prompt costs where it runs (docs/policy.md)."""
+
+    def __init__(self) -> None:
+        self.work: dict[int, tuple[float, int]] = {}  # arm -> (seconds of prompt work, prompt tokens)
+
+    def add(self, steps: dict[int, list[tuple[int, int, float]]], lines: dict[int, StepLine | None]) -> None:
+        """steps: a call's prompt_steps; lines: each arm's step line (an arm without one is left out)."""
+        for arm, kept in steps.items():
+            line = lines.get(arm)
+            if line is None or not kept:
+                continue
+            seconds, tokens = self.work.get(arm, (0.0, 0))
+            self.work[arm] = (seconds + sum(s - line.at(rows) for rows, _, s in kept), tokens + sum(p for _, p, _ in kept))
+
+    def per_token(self, k: int, known: tuple[float, float] | None) -> tuple[float, float] | None:
+        """(target's, draft's on top) seconds per prompt token: the plain arm's price, and the arm
+        at k's above it. An arm not priced yet keeps its part of `known` (remembered, or what this
+        run had); None while that leaves either part unknown."""
+        price = {arm: s / t for arm, (s, t) in self.work.items() if t > 0 and s > 0}
+        target = price.get(0, known[0] if known else None)
+        if target is None:
+            return None
+        if k in price:
+            return target, max(price[k] - target, 0.0)
+        return (target, known[1]) if known and 0 in price else None

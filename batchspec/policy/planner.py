@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from ..engine.api import AdaptiveK, DraftLength, FixedK
 from .decision import Decision, Figures
 from .decision import DecisionKind as Kind
-from .interleaved import InterleavedSteps, StepLine, ratio_interval
+from .interleaved import InterleavedSteps, PromptPrices, StepLine, ratio_interval
 from .model import Acceptance, Costs, LengthProfile, Policy, acceptance_for
 from .steps import CostModelK
 
@@ -62,6 +62,16 @@ def _profile(shard: ShardProgress) -> LengthProfile:
     return shard.profile
 
 
+def own_acceptance(rows: Sequence[tuple[int, int]], k: int) -> tuple[float | None, float | None]:
+    """(per-token acceptance, tokens per verify step) of a shard from its rows' (accepted tokens,
+    verify steps): what its own rows delivered, as the cost model counts it (acceptance_for)."""
+    steps = sum(n for _, n in rows)
+    if steps == 0:
+        return None, None
+    per_step = (sum(a for a, _ in rows) + steps) / steps
+    return acceptance_for(per_step, k), round(per_step, 3)
+
+
 class ActorPolicy:
     """The decisions of one actor, as data, with the state they rest on passed in and kept here."""
 
@@ -72,6 +82,7 @@ class ActorPolicy:
         # and what prompts cost per row and prompt position (target, draft), from calls' fills.
         self.points: dict[int, list[tuple[float, float]]] = {}
         self.prefill_row_token_s: tuple[float, float] | None = None
+        self.prompts = PromptPrices()  # ... from the steps that ran prompts, where the engine counts their tokens
         self._fitted: tuple[StepLine | None, StepLine | None] | None = None
         self.remembered: str | None = None  # "job ... at ...", while decisions rest on remembered numbers
         # vllm with model.vllm_plain_engine: plain calls, and the plain arm's timing, on the plain engine.
@@ -223,16 +234,6 @@ class ActorPolicy:
         return Costs.from_steps(costs.batch_size, {0: costs.target_step_s, k: costs.target_step_s * high},
                                 costs.prefill_token_s, costs.draft_prefill_token_s)
 
-    @staticmethod
-    def own_acceptance(rows: Sequence[tuple[int, int]], k: int) -> tuple[float | None, float | None]:
-        """(per-token acceptance, tokens per verify step) of a shard from its rows' (accepted tokens,
-        verify steps): what its own rows delivered, as the cost model counts it (acceptance_for)."""
-        steps = sum(n for _, n in rows)
-        if steps == 0:
-            return None, None
-        per_step = (sum(a for a, _ in rows) + steps) / steps
-        return acceptance_for(per_step, k), round(per_step, 3)
-
     def lines(self) -> tuple[StepLine | None, StepLine | None]:
         """(speculative, plain) step lines over this run's clean steps (vllm). Fitted once per set
         of steps: a call's rows are each priced with them (row_cost)."""
@@ -299,7 +300,12 @@ class ActorPolicy:
             kept.extend(points)
             del kept[:-KEEP_POINTS]
         self._fitted = None
-        if rule.prefill_s > 0 and prompt_lengths:
+        spec, plain = self.lines()
+        self.prompts.add(rule.prompt_steps, {self.policy.k_default: spec, 0: plain})
+        priced = self.prompts.per_token(self.policy.k_default, self.prefill_row_token_s)
+        if priced is not None:
+            self.prefill_row_token_s = priced
+        elif rule.prefill_s > 0 and prompt_lengths:  # no prompt tokens counted (no arm priced yet): the fill's
             positions = sum(prompt_lengths) / len(prompt_lengths)
             rows = min(len(prompt_lengths), concurrency) or 1
             pre, pre_draft = (x / positions / rows for x in rule.prefill_costs())

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import time
 
-from ..policy import ActorPolicy, Decision
+from ..policy import ActorPolicy, Decision, own_acceptance
 from .calls import Calls
 from .logs import log_event
 from .work import RowInput, ShardWork
@@ -84,7 +84,7 @@ def _look(calls: Calls, works: list[ShardWork], spent: dict[int, float]
     out = {}
     for w, n, total in zip(works, spec_rows, totals):
         stats = [w.results[r.row_index][0].stats for r in w.valid[:n] if r.row_index in w.results]
-        alpha, per_step = calls.planner.own_acceptance([(s.accepted_tokens, s.spec_rounds) for s in stats], k)
+        alpha, per_step = own_acceptance([(s.accepted_tokens, s.spec_rounds) for s in stats], k)
         lengths = [w.results[r.row_index][0].stats.completion_tokens for r in w.valid[:total] if r.row_index in w.results]
         new_tokens = sum(lengths) / len(lengths) if lengths else None
         out[id(w)] = (alpha, per_step, len(stats), new_tokens)
