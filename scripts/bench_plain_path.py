@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -37,9 +36,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rows", type=int, default=300, help="rows per shard (8 shards)")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="bench-plain-path-"))
-    bench_nightly.write_data(tmp / "data", args.rows)
-    job = bench_nightly.write_job(tmp, tmp / "data", None if args.concurrency == 256 else args.concurrency)
+    tmp, job = bench_nightly.fresh_job("plain-path", args.rows, args.concurrency)
     shards = bench_nightly.shard_prompts(job)
     gen: dict[str, list[float]] = {"bare plain": [], **{name: [] for name in CONFIGS}}
     wall: dict[str, list[float]] = {name: [] for name in CONFIGS}
