@@ -81,6 +81,7 @@ class ActorPolicy:
         # vllm: this run's clean steps per arm, (rows, seconds), from every call's interleaved blocks,
         # and what prompts cost per row and prompt position (target, draft), from calls' fills.
         self.points: dict[int, list[tuple[float, float]]] = {}
+        self.run_plain: list[tuple[float, float]] = []  # this run's own clean plain steps (needs_plain_look)
         self.prefill_row_token_s: tuple[float, float] | None = None
         self.prompts = PromptPrices()  # ... from the steps that ran prompts, where the engine counts their tokens
         self._fitted: tuple[StepLine | None, StepLine | None] | None = None
@@ -148,11 +149,12 @@ class ActorPolicy:
         return d, InterleavedSteps(k, dense=True, guard=False)
 
     def needs_plain_look(self, concurrency: int) -> bool:
-        """With a plain engine apart: whether a call's look runs rows plain too, until the plain steps
-        (this run's and remembered ones; a look drains through every row count) reach its concurrency."""
+        """With a plain engine apart: whether a call's look runs rows plain too, until this run's own
+        plain steps reach its concurrency (remembered ones, timed on another night beside this run's
+        at k, moved a remembered run's predictions 5-20%: docs/policy.md)."""
         if not self.separate_plain:
             return False
-        _, plain = self.lines()
+        plain = StepLine.fit(self.run_plain)
         return plain is None or plain.points < PLAIN_LINE_STEPS or plain.high_rows < 0.9 * concurrency
 
     def plain_look(self, rows: int, shards: int) -> tuple[Decision, InterleavedSteps]:
@@ -296,6 +298,8 @@ class ActorPolicy:
         next run's memory); returns the decision the call's rows ran under: `decision`, or STOPPED
         when its steps turned it plain (recorded by the runner)."""
         for k, points in rule.points.items():
+            if k == 0:
+                self.run_plain.extend(points)
             kept = self.points.setdefault(k, [])
             kept.extend(points)
             del kept[:-KEEP_POINTS]

@@ -18,8 +18,8 @@ Only measurements are kept: token counts and seconds, never a prompt. Costs go o
 from every call; a remembered acceptance counts as at most PRIOR_TRIALS trials, so the first call
 of a run outweighs it. Remembered steps join the run's own (the newest policy.planner.KEEP_POINTS
 per arm are fitted), so a remembered run's first decisions rest on the hundreds of steps the last
-run took, not on its look's few dozen, and with a plain engine its look need not time the plain
-arm again (ActorPolicy.needs_plain_look). A run that decides "off" from memory measures nothing
+run took, not on its look's few dozen; with a plain engine its look still times the plain arm,
+so that both arms hold this run's steps (ActorPolicy.needs_plain_look). A run that decides "off" from memory measures nothing
 and would decide from the same numbers every night: so remembered costs are used for MAX_AGE_DAYS
 after the run that last measured them (their file keeps its measured_at), then the job measures
 again as if new. On vllm no decision rests on a remembered acceptance: every run measures each
