@@ -119,7 +119,7 @@ class InterleavedSteps:
         self.prefill_s = 0.0  # the target's part of the steps that prefilled before the first clean step
         self.draft_prefill_s = 0.0
         self.fill_decode: dict[int, int] = {}  # k -> tokens that rows already decoding emitted in those steps
-        # arm -> (rows decoding, prompt tokens, seconds) of every step that ran prompts (prompt_price)
+        # arm -> (rows decoding, prompt tokens, seconds) of every step that ran prompts (PromptPrices)
         self.prompt_steps: dict[int, list[tuple[int, int, float]]] = {}
         self._last: int | None = None
         self._decoded = False

@@ -79,7 +79,7 @@ class ActorPolicy:
         self.policy = policy
         self.costs_by_batch: dict[int, Costs] = {}  # measured (or learned) per concurrency on this actor
         # vllm: this run's clean steps per arm, (rows, seconds), from every call's interleaved blocks,
-        # and what prompts cost per row and prompt position (target, draft), from calls' fills.
+        # and what a prompt token costs (target, draft): from the steps that ran prompts, else a fill.
         self.points: dict[int, list[tuple[float, float]]] = {}
         self.run_plain: list[tuple[float, float]] = []  # this run's own clean plain steps (needs_plain_look)
         self.prefill_row_token_s: tuple[float, float] | None = None
