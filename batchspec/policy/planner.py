@@ -81,7 +81,7 @@ class ActorPolicy:
         # vllm: this run's clean steps per arm, (rows, seconds), from every call's interleaved blocks,
         # and what a prompt token costs (target, draft): from the steps that ran prompts, else a fill.
         self.points: dict[int, list[tuple[float, float]]] = {}
-        self.run_plain: list[tuple[float, float]] = []  # this run's own clean plain steps (needs_plain_look)
+        self.run_plain = (0, 0.0)  # this run's own clean plain steps: how many, the most rows (needs_plain_look)
         self.prefill_row_token_s: tuple[float, float] | None = None
         self.prompts = PromptPrices()  # ... from the steps that ran prompts, where the engine counts their tokens
         self._fitted: tuple[StepLine | None, StepLine | None] | None = None
@@ -154,8 +154,8 @@ class ActorPolicy:
         at k, moved a remembered run's predictions 5-20%: docs/policy.md)."""
         if not self.separate_plain:
             return False
-        plain = StepLine.fit(self.run_plain)
-        return plain is None or plain.points < PLAIN_LINE_STEPS or plain.high_rows < 0.9 * concurrency
+        steps, most_rows = self.run_plain
+        return steps < PLAIN_LINE_STEPS or most_rows < 0.9 * concurrency
 
     def plain_look(self, rows: int, shards: int) -> tuple[Decision, InterleavedSteps]:
         """With a plain engine apart: the decision and step rule of the look's plain half (as many rows
@@ -298,8 +298,8 @@ class ActorPolicy:
         next run's memory); returns the decision the call's rows ran under: `decision`, or STOPPED
         when its steps turned it plain (recorded by the runner)."""
         for k, points in rule.points.items():
-            if k == 0:
-                self.run_plain.extend(points)
+            if k == 0 and points:
+                self.run_plain = (self.run_plain[0] + len(points), max(self.run_plain[1], *(r for r, _ in points)))
             kept = self.points.setdefault(k, [])
             kept.extend(points)
             del kept[:-KEEP_POINTS]

@@ -19,10 +19,10 @@ from every call; a remembered acceptance counts as at most PRIOR_TRIALS trials, 
 of a run outweighs it. Remembered steps join the run's own (the newest policy.planner.KEEP_POINTS
 per arm are fitted), so a remembered run's first decisions rest on the hundreds of steps the last
 run took, not on its look's few dozen; with a plain engine its look still times the plain arm,
-so that both arms hold this run's steps (ActorPolicy.needs_plain_look). A run that decides "off" from memory measures nothing
-and would decide from the same numbers every night: so remembered costs are used for MAX_AGE_DAYS
-after the run that last measured them (their file keeps its measured_at), then the job measures
-again as if new. On vllm no decision rests on a remembered acceptance: every run measures each
+so that both arms hold this run's steps (ActorPolicy.needs_plain_look). A run that decides "off"
+from memory measures nothing and would decide from the same numbers every night: so remembered
+costs are used for MAX_AGE_DAYS after the run that last measured them (their file keeps its
+measured_at), then the job measures again as if new. On vllm no decision rests on a remembered acceptance: every run measures each
 shard's own on its look rows, so an "off" is never carried over unchecked. A file that cannot be
 read is ignored with one warning; writes go through a temporary file and a rename, so a killed
 actor leaves the last good file.
