@@ -14,7 +14,7 @@ use the one definition in rates.py:
     usd_per_million_tokens = cost_usd / completion_tokens * 1e6
     measured_saving_s     = sum of the shard manifests' "saving" (vllm: measured in the run from each
                             speculating row's verify steps and accepted tokens and the run's step lines,
-                            policy/planner.py Saving), with saving_interval_s the sum of their 95%
+                            policy/measured.py Saving), with saving_interval_s the sum of their 95%
                             bounds (their errors share one step ratio, so the bounds add); over
                             measured_rows; None when no shard has one
     estimated_saving_s    = for the other shards' speculating rows (hf): accepted - draft_tokens * c -

@@ -54,7 +54,7 @@ def test_a_second_run_starts_from_the_first_runs_costs_and_acceptance(models_dir
 
     stamp = json.loads(next(memory_dir.glob("costs-*.json")).read_text())["measured_at"]
     second = ShardRunner(_spec(models_dir, tmp_path, "b"), "job-2")
-    assert second.planner.costs_by_batch.keys() == first.planner.costs_by_batch.keys()
+    assert second.planner.steps.costs_by_batch.keys() == first.planner.steps.costs_by_batch.keys()
     assert second.policy.prior.trials == pytest.approx(min(PRIOR_TRIALS, first.policy.prior.trials))
     if first.policy.prior.estimate is not None:  # it speculated: the same estimate, fewer trials
         assert second.policy.prior.estimate == pytest.approx(first.policy.prior.estimate)
@@ -100,7 +100,7 @@ def test_an_unreadable_memory_is_ignored_with_one_warning(models_dir, tmp_path, 
     mem.costs_path.write_text("{not json")
     mem.job_path.write_text(json.dumps({"job_id": "x", "written_at": "t", "acceptance": {"trials": "many"}}))
     runner = ShardRunner(spec, "job-3")
-    assert runner.planner.costs_by_batch == {} and runner.policy.prior.estimate is None and runner.planner.remembered is None
+    assert runner.planner.steps.costs_by_batch == {} and runner.policy.prior.estimate is None and runner.planner.remembered is None
     assert sum("policy memory" in r.message for r in caplog.records) == 2
     (m,) = runner.run_many(plan_shards(str(tmp_path / "in")))
     assert m["status"] == "done" and m["timings"]["calibrate_s"] > 0  # measured as a new job

@@ -106,7 +106,7 @@ def test_each_shard_is_decided_from_its_own_rows_and_the_paired_step_costs():
     _, rule = plan.look(16, 2)
     _pairs(rule)
     assert plan.learn(rule, plan.look(16, 2)[0], 8, [20] * 16).kind is DecisionKind.LOOK
-    assert plan.costs_by_batch[8].v(4) == pytest.approx(3.0) and len(plan.points[0]) >= 8
+    assert plan.steps.costs_by_batch[8].v(4) == pytest.approx(3.0) and len(plan.steps.points[0]) >= 8
     good, bad = Shard([20] * 8, expected_new=64), Shard([20] * 8, expected_new=64)
     alpha_good, per_step_good = own_acceptance([(25, 10)] * 8, 4)  # 3.5 tokens a verify step
     alpha_bad, per_step_bad = own_acceptance([(6, 10)] * 8, 4)  # 1.6
@@ -144,9 +144,9 @@ def test_with_a_plain_engine_apart_each_arm_is_timed_on_its_own_engine():
         assert plain.next_k() == 0
         plain.observe_step(0, 0.010, rows, rows, False)
     plan.learn(plain, plain_look, 8, [20] * 8)
-    assert len(plan.points[4]) == 8 and len(plan.points[0]) == 8  # every decode step at the one k is clean
-    assert plan.costs_by_batch[8].v(4) == pytest.approx(3.0)
-    target, draft = plan.prefill_row_token_s
+    assert len(plan.steps.points[4]) == 8 and len(plan.steps.points[0]) == 8  # every decode step at the one k is clean
+    assert plan.steps.costs_by_batch[8].v(4) == pytest.approx(3.0)
+    target, draft = plan.steps.prefill_row_token_s
     assert target == pytest.approx(0.04 / 20 / 8) and draft == pytest.approx(0.01 / 20 / 8)
     call = plan.call_rule(4, 8)
     assert not call.interleave and call.k_spec == 4
@@ -170,15 +170,15 @@ def test_prompts_are_priced_from_the_steps_that_ran_them_not_from_the_fill():
         rule.observe_step(4, 0.020 + 0.002 * rows, rows * 3, rows, False)
         rule.observe_step(4, 0.020 + 0.002 * rows + 100 * 50e-6, rows * 3, rows, True, prompt_tokens=100, decode_rows=rows)
     plan.learn(rule, look, 8, [20] * 8)
-    assert plan.prompts.per_token(4, None) is None  # only the arm at k priced: the fill's estimate for now
-    assert plan.prefill_row_token_s is not None
+    assert plan.steps.prompts.per_token(4, None) is None  # only the arm at k priced: the fill's estimate for now
+    assert plan.steps.prefill_row_token_s is not None
     plain_look, plain = plan.plain_look(16, 2)
     plain.observe_step(0, 0.04, 8, 8, True, prompt_tokens=500)  # a plain fill at 70 us a token beyond 5 ms
     for rows in range(8, 0, -1):
         plain.observe_step(0, 0.005 + 0.001 * rows, rows, rows, False)
         plain.observe_step(0, 0.005 + 0.001 * rows + 100 * 40e-6, rows, rows, True, prompt_tokens=100, decode_rows=rows)
     plan.learn(plain, plain_look, 8, [20] * 8)
-    target, draft = plan.prefill_row_token_s
+    target, draft = plan.steps.prefill_row_token_s
     # plain: its fill's 40 ms less the line's 5 ms at no rows, and 4 ms in each of 8 steps beside
     # rows decoding, over 1,300 tokens; at k: the fill's 0.16 s (draft included) less 20 ms, and
     # 5 ms in each of 8 steps, over 1,800
@@ -190,7 +190,7 @@ def test_prompts_are_priced_from_the_steps_that_ran_them_not_from_the_fill():
     for rows in range(8, 0, -1):
         rule.observe_step(4, 0.020 + 0.002 * rows, rows * 3, rows, False)
     fill_only.learn(rule, look, 8, [20] * 8)
-    assert fill_only.prefill_row_token_s == pytest.approx((0.15 / 20 / 8, 0.01 / 20 / 8))
+    assert fill_only.steps.prefill_row_token_s == pytest.approx((0.15 / 20 / 8, 0.01 / 20 / 8))
     again = PromptPrices()
     assert again.per_token(4, None) is None and again.per_token(4, (1e-5, 2e-6)) is None  # nothing priced: the fill
     again.add({4: [(0, 100, 0.02)]}, {4: None})
@@ -235,17 +235,17 @@ def test_remembered_steps_join_the_runs_own_and_a_remembered_run_still_times_the
     first.learn(rule, look, 8, [20] * 8)
     again = planner(costs_known=False, measure_in_call=True)
     again.separate_plain = True
-    assert again.needs_plain_look(8) and again.lines() == (None, None)
-    again.start_from(first.costs_by_batch, None, [], "job night-1 at t", first.points, first.prefill_row_token_s)
+    assert again.needs_plain_look(8) and again.steps.lines() == (None, None)
+    again.start_from(first.steps.costs_by_batch, None, [], "job night-1 at t", first.steps.points, first.steps.prefill_row_token_s)
     assert again.needs_plain_look(8)  # remembered plain steps do not stop this run's plain look
-    assert again.lines() == first.lines() and again.costs_at(8) == first.costs_at(8)
-    _, low, high = ratio_interval(*again.lines(), 8)
+    assert again.steps.lines() == first.steps.lines() and again.steps.costs_at(8) == first.steps.costs_at(8)
+    _, low, high = ratio_interval(*again.steps.lines(), 8)
     look, rule = again.look(8, 1)
     for rows in range(8, 0, -1):  # its own look's steps join the remembered ones
         rule.observe_step(4, 0.030, rows * 3, rows, False)
     again.learn(rule, look, 8, [20] * 8)
-    assert len(again.points[4]) == len(first.points[4]) + len(rule.points[4]) > len(first.points[4])
-    _, low_after, high_after = ratio_interval(*again.lines(), 8)
+    assert len(again.steps.points[4]) == len(first.steps.points[4]) + len(rule.points[4]) > len(first.steps.points[4])
+    _, low_after, high_after = ratio_interval(*again.steps.lines(), 8)
     assert high_after / low_after < high / low
 
 
@@ -294,7 +294,7 @@ def test_without_step_costs_a_shard_is_measured_in_its_call():
 
 def test_a_call_whose_steps_show_speculation_slower_is_recorded_as_stopped():
     plan = planner(measure_in_call=True)
-    plan.costs_by_batch[8] = costs()
+    plan.steps.costs_by_batch[8] = costs()
     shard = Shard([20] * 8)
     d = plan.decide_own(shard, 0.9, 8, 4.0, 8)
     rule = plan.draft_length(d.k, 8, per_round_k=False, adaptive=True)
@@ -328,11 +328,11 @@ def test_a_rows_own_cost_is_priced_from_its_steps_and_prompt():
     """A row's share of its call: its verify steps at k and its other steps plain, at the call's
     concurrency, plus its prompt (the draft's part only when it speculated)."""
     plan = planner(costs_known=False, measure_in_call=True)
-    assert plan.row_cost(20, 30, 20, 5, 8, True) is None  # no step lines yet
+    assert plan.steps.row_cost(20, 30, 20, 5, 8, True) is None  # no step lines yet
     _, rule = plan.look(8, 1)
     _pairs(rule)  # a step at k 0.030 s, a plain one 0.010 s, at 8 rows
     plan.learn(rule, plan.look(8, 1)[0], 8, [20] * 8)
-    pre, pre_draft = plan.prefill_row_token_s
-    spec = plan.row_cost(20, 30, 20, 5, 8, True)  # 5 verify steps, 5 plain (30 - 20 - 5)
+    pre, pre_draft = plan.steps.prefill_row_token_s
+    spec = plan.steps.row_cost(20, 30, 20, 5, 8, True)  # 5 verify steps, 5 plain (30 - 20 - 5)
     assert spec == pytest.approx((5 * 0.030 + 5 * 0.010) / 8 + 20 * (pre + pre_draft))
-    assert plan.row_cost(20, 30, 0, 0, 8, False) == pytest.approx(30 * 0.010 / 8 + 20 * pre)
+    assert plan.steps.row_cost(20, 30, 0, 0, 8, False) == pytest.approx(30 * 0.010 / 8 + 20 * pre)

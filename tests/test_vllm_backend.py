@@ -671,8 +671,8 @@ def test_a_second_run_on_vllm_starts_from_remembered_costs_but_not_a_remembered_
     mem.save(kept.costs, Acceptance(20.0, 64.0), kept.new_tokens, "night-1", kept.points, kept.prefill_row_token_s)
     spec = first.spec.model_copy(update={"output": first.spec.output.model_copy(update={"path": str(tmp_path / "out2")})})
     second = ShardRunner(spec, "night-2", engine=vllm_backend)
-    assert second.planner.costs_by_batch.keys() == first.planner.costs_by_batch.keys()
-    assert second.planner.points == first.planner.points and set(second.planner.points) == {0, 4}  # the steps too
+    assert second.planner.steps.costs_by_batch.keys() == first.planner.steps.costs_by_batch.keys()
+    assert second.planner.steps.points == first.planner.steps.points and set(second.planner.steps.points) == {0, 4}  # the steps too
     assert second.policy.prior.estimate < 0.35
     manifests = second.run_many(shards)
     for m in manifests:
@@ -725,8 +725,8 @@ def test_shards_whose_own_acceptance_differs_run_under_their_own_decisions(vllm_
     shutil.copy(Path(_noise_input(tmp_path, vllm_backend.tokenizer, rows=24)) / "noise.parquet",
                 Path(spec.input.path) / "prompts-0001.parquet")
     runner = ShardRunner(spec, "job-mixed", engine=vllm_backend)
-    runner.planner.costs_by_batch[32] = Costs.from_steps(32, {0: 0.010, 4: 0.020}, 1e-6)
-    monkeypatch.setattr(runner.planner, "lines", lambda: (None, None))  # the costs given decide
+    runner.planner.steps.costs_by_batch[32] = Costs.from_steps(32, {0: 0.010, 4: 0.020}, 1e-6)
+    monkeypatch.setattr(runner.planner.steps, "lines", lambda: (None, None))  # the costs given decide
     runner.policy.prior.observe(58, 6)  # acceptance 0.91
     calls = _calls(monkeypatch, vllm_backend)
     legal, noise = runner.run_many(plan_shards(spec.input.path))
@@ -754,8 +754,8 @@ def test_a_call_whose_own_steps_show_speculation_slower_turns_plain_mid_call(vll
         update={"path": _noise_input(tmp_path, vllm_backend.tokenizer, rows=300)})})
     runner = ShardRunner(spec, "job-noise", engine=vllm_backend)
     for b in (32, 64, 128, 256):
-        runner.planner.costs_by_batch[b] = Costs.from_steps(b, {0: 0.010, 4: 0.0101}, 1e-9)
-    monkeypatch.setattr(runner.planner, "lines", lambda: (None, None))  # the costs given decide
+        runner.planner.steps.costs_by_batch[b] = Costs.from_steps(b, {0: 0.010, 4: 0.0101}, 1e-9)
+    monkeypatch.setattr(runner.planner.steps, "lines", lambda: (None, None))  # the costs given decide
     # Blocks every 3 steps, so that a call this short has clean steps enough to be judged; a look of
     # 32 rows, so that the call after it has 268.
     monkeypatch.setattr(runner.planner, "call_rule", lambda k, c: InterleavedSteps(k, dense=True, guard_points=3))
@@ -790,7 +790,7 @@ def test_a_call_of_more_rows_than_vllm_runs_at_once_looks_at_as_many_as_it_runs(
     assert calls[0] == (256, True) and sum(n for n, _ in calls[1:]) == 288 and len(calls) <= 3
     for m in manifests:
         assert m["decisions"][0]["kind"] == "look" and m["decisions"][1]["numbers"]["look_rows"] == 128
-    assert 256 in runner.planner.costs_by_batch and len(runner.planner.points[0]) >= 2
+    assert 256 in runner.planner.steps.costs_by_batch and len(runner.planner.steps.points[0]) >= 2
     rows = _rows(runner, manifests)
     monkeypatch.undo()
     assert [r["completion"] for r in rows] == _plain_texts(vllm_backend, runner, spec, 48)
@@ -1089,7 +1089,7 @@ def test_with_a_plain_engine_the_look_times_each_arm_on_its_own_engine(tmp_path,
             assert look["at_row"] == 0 and plain_look["at_row"] == 8  # after the shard's 8 rows at k
             assert own["numbers"]["look_rows"] == 8 and own["numbers"]["clean_steps"] >= 2
             assert own["kind"] in ("on", "off", "cannot_pay")
-        assert set(runner.planner.points) == {0, 4} and runner.planner.prefill_row_token_s[1] > 0
+        assert set(runner.planner.steps.points) == {0, 4} and runner.planner.steps.prefill_row_token_s[1] > 0
         rows = _rows(runner, manifests)
         assert [r["completion"] for r in rows] == hf_reference[1]
         assert all(r["spec_enabled"] == (r["draft_tokens"] > 0) for r in rows)

@@ -1,5 +1,5 @@
 """What an actor decides with, between and inside its calls: the policy and its acceptance prior,
-the costs it measured per concurrency (with the clean steps behind them), what an earlier run on
+the steps it measured (measured.py: step lines, costs per concurrency), what an earlier run on
 this node measured; and the rules for a call: each shard's next decision (hf), the look that
 measures each shard's own acceptance and each shard's own decision from it (vllm), the
 draft-length rule a call runs under, what a call teaches.
@@ -12,36 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..engine.api import AdaptiveK, DraftLength, FixedK
 from .decision import Decision, Figures
 from .decision import DecisionKind as Kind
-from .interleaved import InterleavedSteps, PromptPrices, StepLine, ratio_interval
+from .interleaved import InterleavedSteps
+from .measured import StepCosts
 from .model import Acceptance, Costs, LengthProfile, Policy, acceptance_for
 from .steps import CostModelK
 
 LOOK_LEAST = 8  # rows of a shard its look takes at least (all of a smaller shard)
 PLAIN_LINE_STEPS = 8  # clean plain steps a plain engine's line needs before looks stop timing it
-KEEP_POINTS = 512  # clean steps kept per arm: what the step lines decisions cite are fitted on
-
-
-@dataclasses.dataclass(frozen=True)
-class Saving:
-    """What speculation saved on some rows against plain decoding of them (ActorPolicy.saving):
-    seconds with a 95% interval, over `rows` speculating rows, on step lines of at least `steps`
-    clean steps per arm. Written to a shard's manifest as "saving"."""
-
-    seconds: float
-    low: float
-    high: float
-    rows: int
-    steps: int
-
-    def to_json(self) -> dict[str, object]:
-        return {**dataclasses.asdict(self), "basis": "each speculating row's verify steps and accepted tokens, "
-                "priced with this run's step lines (plain blocks interleaved with speculative steps) at the "
-                "concurrency it ran at, less the draft's prefill; the interval is the step ratio's"}
 
 
 class ShardProgress(Protocol):
@@ -77,14 +59,7 @@ class ActorPolicy:
 
     def __init__(self, policy: Policy):
         self.policy = policy
-        self.costs_by_batch: dict[int, Costs] = {}  # measured (or learned) per concurrency on this actor
-        # vllm: this run's clean steps per arm, (rows, seconds), from every call's interleaved blocks,
-        # and what a prompt token costs (target, draft): from the steps that ran prompts, else a fill.
-        self.points: dict[int, list[tuple[float, float]]] = {}
-        self.run_plain = (0, 0.0)  # this run's own clean plain steps: how many, the most rows (needs_plain_look)
-        self.prefill_row_token_s: tuple[float, float] | None = None
-        self.prompts = PromptPrices()  # ... from the steps that ran prompts, where the engine counts their tokens
-        self._fitted: tuple[StepLine | None, StepLine | None] | None = None
+        self.steps = StepCosts(policy.k_default)  # vllm: what its calls' steps measured (measured.py)
         self.remembered: str | None = None  # "job ... at ...", while decisions rest on remembered numbers
         # vllm with model.vllm_plain_engine: plain calls, and the plain arm's timing, on the plain engine.
         self.separate_plain = False
@@ -99,13 +74,10 @@ class ActorPolicy:
                    prefill_row_token_s: tuple[float, float] | None = None) -> None:
         """Start from what an earlier run measured on this node (runner/memory.py.Remembered); its
         clean steps per arm and prompt costs (vllm) are joined by this run's."""
-        self.costs_by_batch.update(costs)
         self.policy.prior = prior or self.policy.prior
         self.policy.new_tokens_seen.extend(new_tokens)
         self.remembered = remembered
-        self.points.update({k: list(kept)[-KEEP_POINTS:] for k, kept in (points or {}).items()})
-        self.prefill_row_token_s = prefill_row_token_s or self.prefill_row_token_s
-        self._fitted = None
+        self.steps.start_from(costs, points, prefill_row_token_s)
 
     # -- a shard's decisions ------------------------------------------------------------------
     def decide(self, shard: ShardProgress, batches_off: int = 0) -> tuple[Decision, bool]:
@@ -154,7 +126,7 @@ class ActorPolicy:
         at k, moved a remembered run's predictions 5-20%: docs/policy.md)."""
         if not self.separate_plain:
             return False
-        steps, most_rows = self.run_plain
+        steps, most_rows = self.steps.run_plain
         return steps < PLAIN_LINE_STEPS or most_rows < 0.9 * concurrency
 
     def plain_look(self, rows: int, shards: int) -> tuple[Decision, InterleavedSteps]:
@@ -176,7 +148,7 @@ class ActorPolicy:
         in the shard: on one engine only if speculation pays at the slow end of the step ratio's 95%
         interval, on two _decide_central; numbers.predicted_own is the central prediction. Without
         costs (no clean steps of both arms, nothing remembered) the call measures: MEASURING."""
-        costs = self.costs_at(concurrency)
+        costs = self.steps.costs_at(concurrency)
         self.policy.costs = costs
         if costs is None and self.policy.mode == "auto":
             d = Decision(Kind.MEASURING, True, self.policy.k_default, "no step costs at this concurrency yet; the "
@@ -186,7 +158,7 @@ class ActorPolicy:
             ks = tuple(sorted(costs.verify_s)) if costs is not None else None
             expected = new_tokens if new_tokens else _profile(shard).expected_new_tokens
             profile = LengthProfile(shard.pending_prompt_lengths(), expected)
-            cautious = self._cautious(costs, concurrency)
+            cautious = self.steps.cautious(costs, concurrency)
             if self.separate_plain:
                 d = self._decide_central(profile, shard.done, alpha, ks, costs, cautious)
             else:
@@ -199,7 +171,7 @@ class ActorPolicy:
                 if cautious is not None and d.predicted_speedup is not None and not self.separate_plain:
                     d.detail += f" at the slow end of the step ratio's 95% interval (central estimate {own:.2f}x)"
         d.figures = dataclasses.replace(d.figures, look_rows=rows or None, tokens_per_step=tokens_per_step,
-                                        **self._cost_figures(concurrency))
+                                        **self.steps.cost_figures(concurrency))
         d.alpha = alpha if d.alpha is None else d.alpha  # measured on its rows, whatever the kind
         d = self.mark_remembered(d)
         shard.decisions.append(d)
@@ -225,56 +197,13 @@ class ActorPolicy:
                         f"but {low:.2f}x (< 1.00x) at the slow end of the step ratio's 95% interval",
                         d.predicted_speedup, d.alpha, at_row, d.figures)
 
-    def _cautious(self, costs: Costs | None, concurrency: int) -> Costs | None:
-        """The costs with a step at k at the upper end of the step ratio's 95% interval (None
-        without step lines)."""
-        spec, plain = self.lines()
-        if costs is None or spec is None or plain is None:
-            return None
-        _, _, high = ratio_interval(spec, plain, concurrency)
-        k = self.policy.k_default
-        return Costs.from_steps(costs.batch_size, {0: costs.target_step_s, k: costs.target_step_s * high},
-                                costs.prefill_token_s, costs.draft_prefill_token_s)
-
-    def lines(self) -> tuple[StepLine | None, StepLine | None]:
-        """(speculative, plain) step lines over this run's clean steps (vllm). Fitted once per set
-        of steps: a call's rows are each priced with them (row_cost)."""
-        if self._fitted is None:  # refitted after learn() or start_from() changed the steps
-            k = self.policy.k_default
-            self._fitted = StepLine.fit(self.points.get(k, [])), StepLine.fit(self.points.get(0, []))
-        return self._fitted
-
-    def costs_at(self, concurrency: int) -> Costs | None:
-        """Step costs at this concurrency: from this run's step lines where both arms have them
-        (with prompts' costs from its fills, scaled to the rows), else as remembered or measured at
-        this concurrency or the nearest one within 2x."""
-        spec, plain = self.lines()
-        if spec is not None and plain is not None and self.prefill_row_token_s is not None:
-            pre, pre_draft = (x * concurrency for x in self.prefill_row_token_s)
-            k = self.policy.k_default
-            return Costs.from_steps(concurrency, {0: plain.at(concurrency), k: spec.at(concurrency)}, pre, pre_draft)
-        if concurrency in self.costs_by_batch:
-            return self.costs_by_batch[concurrency]
-        near = [b for b in self.costs_by_batch if concurrency / 2 <= b <= concurrency * 2]
-        return self.costs_by_batch[min(near, key=lambda b: abs(b - concurrency))] if near else None
-
-    def _cost_figures(self, concurrency: int) -> dict[str, Any]:
-        """What a decision's step costs rest on: the clean steps behind the lines, and the step
-        ratio at this concurrency with its 95% interval."""
-        spec, plain = self.lines()
-        if spec is None or plain is None:
-            return {}
-        r, low, high = ratio_interval(spec, plain, concurrency)
-        return {"clean_steps": min(spec.points, plain.points), "step_ratio": round(r, 3),
-                "step_ratio_interval": (round(low, 3), round(high, 3))}
-
     def call_rule(self, k: int, concurrency: int) -> InterleavedSteps:
         """The rule of a call at k: a plain block every InterleavedSteps.every steps (the control
         that keeps the step lines current), and plain for the rest of the call once its own steps
         show speculation slower with 95% confidence. Dense blocks while no costs are known."""
         if self.separate_plain:  # the plain arm is timed on the plain engine's own calls
             return InterleavedSteps(k, interleave=False)
-        return InterleavedSteps(k, dense=self.costs_at(concurrency) is None)
+        return InterleavedSteps(k, dense=self.steps.costs_at(concurrency) is None)
 
     # -- the rule a call runs under -----------------------------------------------------------
     def draft_length(self, k: int, concurrency: int, per_round_k: bool, adaptive: bool) -> DraftLength | InterleavedSteps:
@@ -294,31 +223,11 @@ class ActorPolicy:
     # -- what a call teaches ------------------------------------------------------------------
     def learn(self, rule: InterleavedSteps, decision: Decision, concurrency: int, prompt_lengths: list[int]) -> Decision:
         """After a vllm call under an InterleavedSteps rule: keep its clean steps and what its
-        prompts cost, and the costs they give at this concurrency for the next decisions (and the
-        next run's memory); returns the decision the call's rows ran under: `decision`, or STOPPED
-        when its steps turned it plain (recorded by the runner)."""
-        for k, points in rule.points.items():
-            if k == 0 and points:
-                self.run_plain = (self.run_plain[0] + len(points), max(self.run_plain[1], *(r for r, _ in points)))
-            kept = self.points.setdefault(k, [])
-            kept.extend(points)
-            del kept[:-KEEP_POINTS]
-        self._fitted = None
-        spec, plain = self.lines()
-        self.prompts.add(rule.prompt_steps, {self.policy.k_default: spec, 0: plain})
-        priced = self.prompts.per_token(self.policy.k_default, self.prefill_row_token_s)
-        if priced is not None:
-            self.prefill_row_token_s = priced
-        elif rule.prefill_s > 0 and prompt_lengths:  # no prompt tokens counted (no arm priced yet): the fill's
-            positions = sum(prompt_lengths) / len(prompt_lengths)
-            rows = min(len(prompt_lengths), concurrency) or 1
-            pre, pre_draft = (x / positions / rows for x in rule.prefill_costs())
-            if rule.k_spec == 0 and self.prefill_row_token_s is not None:  # a plain arm: no draft to learn
-                pre_draft = self.prefill_row_token_s[1]
-            self.prefill_row_token_s = (pre, pre_draft)
-        if (costs := self.costs_at(concurrency)) is not None and self.lines()[0] is not None:
-            self.costs_by_batch[concurrency] = costs
-        self.policy.costs = self.costs_at(concurrency)
+        prompts cost (StepCosts.keep), and the costs they give at this concurrency for the next
+        decisions; returns the decision the call's rows ran under: `decision`, or STOPPED when its
+        steps turned it plain (recorded by the runner)."""
+        self.steps.keep(rule, concurrency, prompt_lengths)
+        self.policy.costs = self.steps.costs_at(concurrency)
         if rule.stopped is None:
             return decision
         mean, low, high = rule.stopped
@@ -328,47 +237,3 @@ class ActorPolicy:
                         decision.at_row, Figures(rows=len(prompt_lengths), k=rule.k_spec,
                                                  clean_steps=min(len(p) for p in rule.points.values()),
                                                  speedup_interval=(round(low, 3), round(high, 3))))
-
-    # -- what speculation saved ---------------------------------------------------------------
-    def saving(self, rows: Sequence[tuple[int, int, int, int]]) -> Saving | None:
-        """What speculation saved (negative: cost) on a shard's rows against plain decoding of the
-        same rows, in seconds with a 95% interval, from this run's measurements (vllm): each row's
-        verify steps and accepted tokens, and the step lines at the concurrency it ran at.
-
-        rows: (accepted tokens, verify steps, prompt tokens, concurrency) of the rows that ran at k.
-        A row that made R verify steps and accepted A tokens emitted A + R tokens in them, which
-        plain decoding makes in A + R steps; so it saved p x (A + R - R x r), with p a plain step's
-        time per row and r a step at k over a plain step at its concurrency, less what the draft
-        spent on its prompt. The interval is r's (the step lines' residuals); p's own error is small
-        beside it and left out. None without step lines."""
-        spec, plain = self.lines()
-        if spec is None or plain is None:
-            return None
-        draft_row_token_s = self.prefill_row_token_s[1] if self.prefill_row_token_s else 0.0
-        total = low = high = 0.0
-        counted = 0
-        for accepted, steps, prompt, concurrency in rows:
-            if steps <= 0 or concurrency <= 0:
-                continue
-            p = plain.at(concurrency) / concurrency
-            r, r_low, r_high = ratio_interval(spec, plain, concurrency)
-            gain, draft = p * (accepted + steps), prompt * draft_row_token_s
-            total += gain - p * steps * r - draft
-            low += gain - p * steps * r_high - draft
-            high += gain - p * steps * r_low - draft
-            counted += 1
-        return Saving(round(total, 4), round(low, 4), round(high, 4), counted, min(spec.points, plain.points))
-
-    def row_cost(self, prompt: int, completion: int, accepted: int, verify_steps: int, concurrency: int,
-                 speculated: bool) -> float | None:
-        """What one row's own work cost, in seconds, priced with this run's step lines at the
-        concurrency it ran at: its verify steps at k, its other steps plain, and its prompt (the
-        draft's part too when it speculated). An estimate of the row's share of its call (the
-        runner scales the shares to the call's measured time); None without step lines."""
-        spec, plain = self.lines()
-        if spec is None or plain is None or concurrency <= 0:
-            return None
-        plain_steps = max(completion - accepted - verify_steps, 0)
-        decode = (verify_steps * spec.at(concurrency) + plain_steps * plain.at(concurrency)) / concurrency
-        pre, pre_draft = self.prefill_row_token_s or (0.0, 0.0)
-        return decode + prompt * (pre + (pre_draft if speculated else 0.0))

@@ -52,7 +52,7 @@ class Calls:
         """Give the policy costs measured at this shard's concurrency, on a sample of its prompts;
         returns the seconds spent measuring (0 when already known), which the manifest reports and
         the cost report counts."""
-        known = self.planner.costs_by_batch
+        known = self.planner.steps.costs_by_batch
         if self.learns_costs:  # what earlier calls at this concurrency measured, if any
             self.policy.costs = known.get(self.concurrency(rows)) if rows else None
             return 0.0

@@ -27,7 +27,7 @@ log = logging.getLogger("batchspec.worker")
 def commit_shard(work: ShardWork, store: OutputStore, engine: Backend, job_id: str, worker: str,
                  backend_note: str | None, costs: Costs | None, saving: dict | None = None) -> dict:
     """Write the shard's part (whole or nothing), then its manifest; returns the manifest. saving:
-    what speculation saved on its rows, measured in the run (vllm; policy.planner.Saving)."""
+    what speculation saved on its rows, measured in the run (vllm; policy.measured.Saving)."""
     shard, rows_in = work.shard, work.rows_in
     rows_out = [output_row(shard, r, work.results.get(r.row_index), work.attempt, engine, worker) for r in work.rows]
     t1 = time.perf_counter()

@@ -129,7 +129,7 @@ def _timed(calls: Calls, batch: list[tuple[ShardWork, RowInput]], decision: Deci
 
 def _row_shares(planner: ActorPolicy, batch: list[tuple[ShardWork, RowInput]], concurrency: int
                 ) -> tuple[dict[int, float], float | None]:
-    """Each shard's share of a call: what its rows' own work cost (ActorPolicy.row_cost: verify
+    """Each shard's share of a call: what its rows' own work cost (StepCosts.row_cost: verify
     steps at k, plain steps and prompt, priced with the step lines at the call's concurrency), by
     completion tokens where there are no lines, equal shares when nothing was generated; and the
     call's price, the sum of its rows' costs (None without lines)."""
@@ -140,7 +140,7 @@ def _row_shares(planner: ActorPolicy, batch: list[tuple[ShardWork, RowInput]], c
         if result is None:
             continue
         s = result[0].stats
-        cost = planner.row_cost(s.prompt_tokens, s.completion_tokens, s.accepted_tokens, s.spec_rounds,
+        cost = planner.steps.row_cost(s.prompt_tokens, s.completion_tokens, s.accepted_tokens, s.spec_rounds,
                                 concurrency, result[1].speculate or s.spec_rounds > 0)
         weights[id(w)] = weights.get(id(w), 0.0) + (s.completion_tokens if cost is None else cost)
         priced += cost or 0.0
@@ -149,11 +149,11 @@ def _row_shares(planner: ActorPolicy, batch: list[tuple[ShardWork, RowInput]], c
 
 
 def measured_saving(planner: ActorPolicy, work: ShardWork) -> dict | None:
-    """What speculation saved on the shard's rows, measured in this run (ActorPolicy.saving; vllm);
+    """What speculation saved on the shard's rows, measured in this run (StepCosts.saving; vllm);
     None where there is nothing to measure it with."""
     rows = [(o.stats.accepted_tokens, o.stats.spec_rounds, o.stats.prompt_tokens, concurrency)
             for o, _, concurrency in work.results.values() if o.stats.spec_rounds]
     if not rows:
         return {"seconds": 0.0, "low": 0.0, "high": 0.0, "rows": 0, "steps": 0, "basis": "no row speculated"}
-    saving = planner.saving(rows)
+    saving = planner.steps.saving(rows)
     return saving.to_json() if saving else None

@@ -126,8 +126,8 @@ class ShardRunner:
                 out[w.shard.shard] = fail_shard(self.store, self.job_id, self.worker, w.shard, e)
         if self.memory is not None and works:
             p, plan = self.policy, self.planner
-            self.memory.save(plan.costs_by_batch, p.prior, p.new_tokens_seen, self.job_id, plan.points,
-                             plan.prefill_row_token_s)
+            self.memory.save(plan.steps.costs_by_batch, p.prior, p.new_tokens_seen, self.job_id, plan.steps.points,
+                             plan.steps.prefill_row_token_s)
             plan.remembered = None  # from here on the decisions rest on this run's own measurements too
         return [out[s.shard] for s in shards]
 
