@@ -12,11 +12,11 @@ use the one definition in rates.py:
                             a restarted actor's again; not in cost_usd, which is the shards' own time
     startup_cost_usd      = startup_actor_seconds / 3600 * gpu_hour_usd
     usd_per_million_tokens = cost_usd / completion_tokens * 1e6
-    measured_saving_s     = sum of the shard manifests' "saving" (vllm: measured in the run from each
-                            speculating row's verify steps and accepted tokens and the run's step lines,
-                            policy/measured.py Saving), with saving_interval_s the sum of their 95%
-                            bounds (their errors share one step ratio, so the bounds add); over
-                            measured_rows; None when no shard has one
+    measured_saving_s     = sum of the shard manifests' "saving" (vllm: measured in the run, the shard's
+                            rows priced plain against the time they took, or its speculating rows'
+                            steps priced with the run's step lines: policy/measured.py), with
+                            saving_interval_s the sum of their 95% bounds (their errors share one
+                            step line, so the bounds add); over measured_rows; None when no shard has one
     estimated_saving_s    = for the other shards' speculating rows (hf): accepted - draft_tokens * c -
                             spec_rounds * (v(k) - 1) target steps per row, with c and v(k) the actor's
                             measured costs (manifest "costs"), converted to seconds with the measured

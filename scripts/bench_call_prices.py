@@ -5,10 +5,18 @@ runner/together.py logs), per arm.
 
     python scripts/bench_call_prices.py                      # at max_num_seqs 64, the policy's margin
     python scripts/bench_call_prices.py --margin -0.12       # lower the bar, so some shards speculate
+    python scripts/bench_call_prices.py --concurrency 256 --off   # and the saving each run reported
+                                                                  # against a run under mode=off
 
 The step lines are fitted on the steps of calls' drains (the only steps without prompts in them);
 a ratio far from 1.00x, and apart between the arms, is a bias in the predictions the decisions
 rest on (docs/policy.md). The data is bench_nightly.py's (8 shards, 2,400 rows).
+
+With --off, the same shards also run under `speculation.mode=off` after each auto run, on the
+same engines (no process or engine load between them; vLLM's prefix caches emptied before every
+run, so no run reuses an earlier one's prompts), and each auto run's reported
+saving (its manifests' `saving`, summed) is printed beside the mean off run's generation less its own:
+the report's saving against what a side-by-side run of plain decoding measures.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64, help="max_num_seqs")
     ap.add_argument("--rows", type=int, default=300, help="rows per shard (8 shards)")
     ap.add_argument("--margin", type=float, default=None, help="the policy's margin (default: its own, 0.05)")
+    ap.add_argument("--off", action="store_true", help="also run the shards under mode=off, before and after")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-call-prices-"))
     os.environ["BATCHSPEC_POLICY_MEMORY"] = str(tmp / "memory")
@@ -60,10 +69,18 @@ def main() -> None:
     logging.getLogger("batchspec.worker").setLevel(logging.INFO)
     engine = None
     print(f"threads: {os.cpu_count()} cores; concurrency {args.concurrency}; rows: 8 x {args.rows}")
-    for run in ("first", "remembered"):
+    generated, saved = {}, {}
+    for run in (("first", "off-1", "remembered", "off-2") if args.off else ("first", "remembered")):
         s = spec.model_copy(update={"output": spec.output.model_copy(update={"path": str(tmp / f"out-{run}")})})
+        # The off runs use the auto runs' engines (both loaded by the first) and remember nothing.
+        os.environ["BATCHSPEC_POLICY_MEMORY"] = "off" if run.startswith("off") else str(tmp / "memory")
+        if run.startswith("off"):
+            s = s.model_copy(update={"speculation": s.speculation.model_copy(update={"mode": "off"})})
         runner = ShardRunner(s, f"prices-{run}", engine=engine)
         engine = runner.engine
+        for llm in (engine.llm, engine.plain_llm):  # no run reuses the prompts an earlier one cached
+            if llm is not None:
+                llm.reset_prefix_cache()
         if args.margin is not None:
             runner.policy.margin = args.margin
         calls.seen.clear()
@@ -73,8 +90,18 @@ def main() -> None:
         for rows, k, took, priced in calls.seen:
             print(f"  call of {rows:5d} rows at k={k}: took {took:6.2f} s, priced {priced:6.2f} s ({took / priced:.2f}x)")
         for m in manifests:
-            d = m["decisions"][-1]
+            d = m["decisions"][-1] if m["decisions"] else {"kind": "-", "numbers": {}}
             print(f"    {m['shard']:18s} {d['kind']:10s} predicted {d['numbers'].get('predicted_own')}")
+        generated[run] = sum(m["timings"]["generate_s"] for m in manifests)
+        saved[run] = [sum(m["saving"][b] for m in manifests if m.get("saving")) for b in ("seconds", "low", "high")]
+        print(f"  generation {generated[run]:.2f} s; reported saving {saved[run][0]:+.2f} s "
+              f"({saved[run][1]:+.2f} to {saved[run][2]:+.2f})")
+    if args.off:
+        off = (generated["off-1"] + generated["off-2"]) / 2
+        for run in ("first", "remembered"):
+            print(f"{run}: reported saving {saved[run][0]:+.2f} s; mode=off (mean of {generated['off-1']:.2f} and "
+                  f"{generated['off-2']:.2f} s) less auto: {off - generated[run]:+.2f} s "
+                  f"(difference {100 * (saved[run][0] - off + generated[run]) / generated[run]:+.1f}% of generation)")
 
 
 if __name__ == "__main__":

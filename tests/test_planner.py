@@ -336,3 +336,37 @@ def test_a_rows_own_cost_is_priced_from_its_steps_and_prompt():
     spec = plan.steps.row_cost(20, 30, 20, 5, 8, True)  # 5 verify steps, 5 plain (30 - 20 - 5)
     assert spec == pytest.approx((5 * 0.030 + 5 * 0.010) / 8 + 20 * (pre + pre_draft))
     assert plan.steps.row_cost(20, 30, 0, 0, 8, False) == pytest.approx(30 * 0.010 / 8 + 20 * pre)
+
+
+def test_what_speculation_saved_on_its_rows_is_priced_from_the_step_lines():
+    """A row that made R verify steps and accepted A tokens saved p x (A + R - R x r) against plain
+    decoding (p: a plain step per row, r: the step ratio), less its draft's prompt."""
+    plan = planner(costs_known=False, measure_in_call=True)
+    assert plan.steps.saving([(20, 5, 0, 8)]) is None  # no step lines yet
+    _, rule = plan.look(8, 1)
+    _pairs(rule)  # a step at k 0.030 s, a plain one 0.010 s, at 8 rows: r = 3
+    plan.learn(rule, plan.look(8, 1)[0], 8, [20] * 8)
+    saved = plan.steps.saving([(20, 5, 0, 8), (0, 10, 0, 8)])  # the second accepted nothing: a loss
+    assert saved.seconds == pytest.approx(0.010 / 8 * (25 - 15) + 0.010 / 8 * (10 - 30))
+    assert saved.low <= saved.seconds <= saved.high and saved.rows == 2 and "step ratio" in saved.basis
+
+
+def test_a_shards_saving_against_plain_counts_all_its_time_once_a_plain_call_was_timed():
+    """Once this run has timed a plain call that filled the engine at least twice, a shard's saving
+    is its rows' plain price (scaled by what the plain calls took over their price) less the time
+    its rows took: whatever its look cost counts, not only its speculating rows' steps."""
+    plan = planner(costs_known=False, measure_in_call=True)
+    _, rule = plan.look(8, 1)
+    _pairs(rule)
+    plan.learn(rule, plan.look(8, 1)[0], 8, [20] * 8)
+    rows = [(20, 30, 8)] * 4
+    assert plan.steps.saving_against_plain(rows, 0.3) is None  # no plain call timed yet
+    plan.steps.observe_plain_call(5.0, 15, 8, 1.0)  # 15 rows at 8: mostly fill and drain, left out
+    assert plan.steps.saving_against_plain(rows, 0.3) is None
+    plan.steps.observe_plain_call(1.1, 16, 8, 1.0)
+    pre = plan.steps.prefill_row_token_s[0]
+    price = 1.1 * 4 * (30 * 0.010 / 8 + 20 * pre)
+    saved = plan.steps.saving_against_plain(rows, 0.3)
+    assert saved.seconds == pytest.approx(price - 0.3, abs=1e-4) and saved.rows == 4
+    assert saved.low <= saved.seconds <= saved.high and "x1.100" in saved.basis and "look" in saved.basis
+    assert plan.steps.saving_against_plain(rows, 5.0).seconds < 0  # rows that took longer than plain: a cost

@@ -12,28 +12,30 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from .interleaved import InterleavedSteps, PromptPrices, StepLine, ratio_interval
+from .interleaved import InterleavedSteps, PromptPrices, StepLine, ratio_interval, t95
 from .model import Costs
 
 KEEP_POINTS = 512  # clean steps kept per arm: what the step lines decisions cite are fitted on
+STEPS_BASIS = ("each speculating row's verify steps and accepted tokens, priced with this run's step lines at the "
+               "concurrency it ran at, less the draft's prefill; the interval is the step ratio's")
 
 
 @dataclasses.dataclass(frozen=True)
 class Saving:
-    """What speculation saved on some rows against plain decoding of them (StepCosts.saving):
-    seconds with a 95% interval, over `rows` speculating rows, on step lines of at least `steps`
-    clean steps per arm. Written to a shard's manifest as "saving"."""
+    """What speculation saved on some rows against plain decoding of them (StepCosts.saving,
+    StepCosts.saving_against_plain): seconds with a 95% interval, over `rows` rows, on step lines
+    of at least `steps` clean steps per arm, and how it was measured. Written to a shard's manifest
+    as "saving"."""
 
     seconds: float
     low: float
     high: float
     rows: int
     steps: int
+    basis: str = STEPS_BASIS
 
     def to_json(self) -> dict[str, object]:
-        return {**dataclasses.asdict(self), "basis": "each speculating row's verify steps and accepted tokens, "
-                "priced with this run's step lines (plain blocks interleaved with speculative steps) at the "
-                "concurrency it ran at, less the draft's prefill; the interval is the step ratio's"}
+        return dataclasses.asdict(self)
 
 
 class StepCosts:
@@ -49,6 +51,7 @@ class StepCosts:
         self.prefill_row_token_s: tuple[float, float] | None = None
         self.prompts = PromptPrices()  # ... from the steps that ran prompts, where the engine counts their tokens
         self._fitted: tuple[StepLine | None, StepLine | None] | None = None
+        self.plain_calls = (0.0, 0.0)  # this run's plain calls (not looks): seconds they took, their plain price
 
     def start_from(self, costs: dict[int, Costs], points: dict[int, list[tuple[float, float]]] | None,
                    prefill_row_token_s: tuple[float, float] | None) -> None:
@@ -152,6 +155,42 @@ class StepCosts:
             high += gain - p * steps * r_low - draft
             counted += 1
         return Saving(round(total, 4), round(low, 4), round(high, 4), counted, min(spec.points, plain.points))
+
+    def plain_price(self, prompt: int, completion: int, concurrency: int) -> float | None:
+        """What a row would cost decoded plain at this concurrency: its tokens at the plain line's
+        step per row, its prompt at the target's price (None without a plain line)."""
+        plain = self.lines()[1]
+        if plain is None or concurrency <= 0:
+            return None
+        return completion * plain.at(concurrency) / concurrency + prompt * (self.prefill_row_token_s or (0.0, 0.0))[0]
+
+    def observe_plain_call(self, seconds: float, rows: int, concurrency: int, price: float | None) -> None:
+        """A plain call (not a look) took `seconds` over rows whose plain price was `price`: what whole
+        plain calls take over their price (fill, drain, the line's own bias) scales saving_against_plain.
+        A call that never filled the engine twice is mostly fill and drain and is left out."""
+        if price and rows >= 2 * concurrency:
+            took, priced = self.plain_calls
+            self.plain_calls = (took + seconds, priced + price)
+
+    def saving_against_plain(self, rows: Sequence[tuple[int, int, int]], seconds: float) -> Saving | None:
+        """What a shard's decisions saved (negative: cost) against decoding its rows plain: rows,
+        (prompt tokens, completion tokens, concurrency) of every row it generated, each priced plain
+        (plain_price) and scaled by what this run's plain calls took over their price; less
+        `seconds`, the shard's generation time (its share of every call, its look's included). The
+        interval is the plain line's 95% interval at those concurrencies. None before a plain call
+        has been measured (then saving(), over the speculating rows only)."""
+        took, priced = self.plain_calls
+        plain = self.lines()[1]
+        if priced <= 0 or plain is None or not rows:
+            return None
+        scale = took / priced
+        price = scale * sum(self.plain_price(p, n, c) or 0.0 for p, n, c in rows)
+        rel = max(min(t95(max(plain.df, 1)) * plain.se(c) / plain.at(c), 1.0) for _, _, c in rows)
+        basis = (f"its rows priced as plain decoding at the concurrency each ran at (this run's plain step line and "
+                 f"prompt price, x{scale:.3f}: what its plain calls took over that price), less the time its rows "
+                 "took (its share of every call, the look included); the interval is the plain line's")
+        return Saving(round(price - seconds, 4), round(price * (1 - rel) - seconds, 4),
+                      round(price * (1 + rel) - seconds, 4), len(rows), plain.points, basis)
 
     def row_cost(self, prompt: int, completion: int, accepted: int, verify_steps: int, concurrency: int,
                  speculated: bool) -> float | None:

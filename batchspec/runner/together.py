@@ -50,7 +50,7 @@ def together(calls: Calls, works: list[ShardWork]) -> None:
     for (speculate, k), members in groups.items():
         batch = [(w, r) for w in members for r in w.valid[w.done:]]
         rule = calls.draft_length(k, len(batch)) if speculate else calls.planner.plain_rule()
-        _timed(calls, batch, members[0].decisions[-1], rule, spent)
+        _timed(calls, batch, members[0].decisions[-1], rule, spent, plain=not speculate)
     for w in works:
         w.gen_s = spent[id(w)]
         if calls.faults:
@@ -111,17 +111,22 @@ def _run_look(calls: Calls, works: list[ShardWork], batch: list[tuple[ShardWork,
     _timed(calls, batch, decision, rule, spent)
 
 
-def _timed(calls: Calls, batch: list[tuple[ShardWork, RowInput]], decision: Decision, rule, spent: dict[int, float]) -> None:
+def _timed(calls: Calls, batch: list[tuple[ShardWork, RowInput]], decision: Decision, rule, spent: dict[int, float],
+           plain: bool = False) -> None:
     """One call (_run_block), its measured time split among the shards it ran rows of by what
     their rows' own work cost (_row_shares), so a shard's time is its rows', not a share of the
     call by tokens. The log says what the call took against what the step lines priced it at:
-    how far the cost model the decisions rest on is from whole calls (docs/policy.md)."""
+    how far the cost model the decisions rest on is from whole calls (docs/policy.md). A plain
+    call's time over its price scales what shards' rows would have cost plain (measured_saving)."""
     t0 = time.perf_counter()
     calls.run_block(batch, decision, rule)
     seconds = time.perf_counter() - t0
-    shares, priced = _row_shares(calls.planner, batch, min(len(batch), calls.concurrency(len(batch))))
+    concurrency = min(len(batch), calls.concurrency(len(batch)))
+    shares, priced = _row_shares(calls.planner, batch, concurrency)
     for key, share in shares.items():
         spent[key] += seconds * share
+    if plain:
+        calls.planner.steps.observe_plain_call(seconds, len(batch), concurrency, priced)
     if priced:
         log_event(log, f"call: {len(batch)} rows at k={decision.k if decision.speculate else 0} took {seconds:.2f} s; "
                   f"the step lines priced them at {priced:.2f} s ({seconds / priced:.2f}x)", job=calls.job_id)
@@ -149,11 +154,14 @@ def _row_shares(planner: ActorPolicy, batch: list[tuple[ShardWork, RowInput]], c
 
 
 def measured_saving(planner: ActorPolicy, work: ShardWork) -> dict | None:
-    """What speculation saved on the shard's rows, measured in this run (StepCosts.saving; vllm);
-    None where there is nothing to measure it with."""
+    """What speculation saved on the shard's rows, measured in this run (vllm): against decoding all
+    its rows plain, once this run has timed a plain call (StepCosts.saving_against_plain: the look's
+    cost counts); before, over its speculating rows' steps (StepCosts.saving). None where there is
+    nothing to measure it with."""
     rows = [(o.stats.accepted_tokens, o.stats.spec_rounds, o.stats.prompt_tokens, concurrency)
             for o, _, concurrency in work.results.values() if o.stats.spec_rounds]
     if not rows:
         return {"seconds": 0.0, "low": 0.0, "high": 0.0, "rows": 0, "steps": 0, "basis": "no row speculated"}
-    saving = planner.steps.saving(rows)
+    every = [(o.stats.prompt_tokens, o.stats.completion_tokens, c) for o, _, c in work.results.values()]
+    saving = planner.steps.saving_against_plain(every, work.gen_s) or planner.steps.saving(rows)
     return saving.to_json() if saving else None
