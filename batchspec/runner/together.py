@@ -30,6 +30,8 @@ def together(calls: Calls, works: list[ShardWork]) -> None:
             calls.faults.reached(w.shard.shard, 0)
     works = [w for w in works if w.valid]
     spent = {id(w): 0.0 for w in works}
+    for w in works:  # plain decoding, the saving's reference, would run all of them in one call
+        w.plain_concurrency = calls.concurrency(sum(len(x.valid) for x in works))
     looked: dict[int, tuple[float | None, float | None, int, float | None]] = {}
     if works and calls.learns_costs:
         looked = _look(calls, works, spent)
@@ -154,14 +156,15 @@ def _row_shares(planner: ActorPolicy, batch: list[tuple[ShardWork, RowInput]], c
 
 
 def measured_saving(planner: ActorPolicy, work: ShardWork) -> dict | None:
-    """What speculation saved on the shard's rows, measured in this run (vllm): against decoding all
-    its rows plain, once this run has timed a plain call (StepCosts.saving_against_plain: the look's
-    cost counts); before, over its speculating rows' steps (StepCosts.saving). None where there is
-    nothing to measure it with."""
+    """What speculation saved on the shard's rows, measured in this run (vllm): against all its rows
+    decoded plain at the concurrency of one plain call over the actor call's rows, once this run
+    timed a plain call (StepCosts.saving_against_plain: the look's cost counts); else over its
+    speculating rows' steps (StepCosts.saving). None where there is nothing to measure it with."""
     rows = [(o.stats.accepted_tokens, o.stats.spec_rounds, o.stats.prompt_tokens, concurrency)
             for o, _, concurrency in work.results.values() if o.stats.spec_rounds]
     if not rows:
         return {"seconds": 0.0, "low": 0.0, "high": 0.0, "rows": 0, "steps": 0, "basis": "no row speculated"}
-    every = [(o.stats.prompt_tokens, o.stats.completion_tokens, c) for o, _, c in work.results.values()]
+    every = [(o.stats.prompt_tokens, o.stats.completion_tokens, work.plain_concurrency or c)
+             for o, _, c in work.results.values()]
     saving = planner.steps.saving_against_plain(every, work.gen_s) or planner.steps.saving(rows)
     return saving.to_json() if saving else None
