@@ -7,10 +7,14 @@ runner/together.py logs), per arm.
     python scripts/bench_call_prices.py --margin -0.12       # lower the bar, so some shards speculate
     python scripts/bench_call_prices.py --concurrency 256 --off   # and the saving each run reported
                                                                   # against a run under mode=off
+    python scripts/bench_call_prices.py --job demo --off          # the same on the demo job (96 rows)
+    python scripts/bench_call_prices.py --job mixed --off         # ... and bench_vllm.py's mixed job
 
 The step lines are fitted on the steps of calls' drains (the only steps without prompts in them);
 a ratio far from 1.00x, and apart between the arms, is a bias in the predictions the decisions
-rest on (docs/policy.md). The data is bench_nightly.py's (8 shards, 2,400 rows).
+rest on (docs/policy.md). The data is bench_nightly.py's (8 shards, 2,400 rows), or with --job the
+demo job as shipped or bench_vllm.py's mixed job (its 48 demo rows and 48 of three contracts each),
+at vLLM's default concurrency unless --concurrency is given.
 
 With --off, the same shards also run under `speculation.mode=off` after each auto run, on the
 same engines (no process or engine load between them; vLLM's prefix caches emptied before every
@@ -49,7 +53,8 @@ class Calls(logging.Handler):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--concurrency", type=int, default=64, help="max_num_seqs")
+    ap.add_argument("--job", choices=("nightly", "demo", "mixed"), default="nightly")
+    ap.add_argument("--concurrency", type=int, default=None, help="max_num_seqs (nightly default: 64)")
     ap.add_argument("--rows", type=int, default=300, help="rows per shard (8 shards)")
     ap.add_argument("--margin", type=float, default=None, help="the policy's margin (default: its own, 0.05)")
     ap.add_argument("--off", action="store_true", help="also run the shards under mode=off, before and after")
@@ -62,13 +67,22 @@ def main() -> None:
     from batchspec.runner.worker import ShardRunner
     from batchspec.spec import load_spec
 
-    bench_nightly.write_data(tmp / "data", args.rows)
-    spec = load_spec(str(bench_nightly.write_job(tmp, tmp / "data", args.concurrency)))
+    if args.job == "nightly":
+        bench_nightly.write_data(tmp / "data", args.rows)
+        spec = load_spec(str(bench_nightly.write_job(tmp, tmp / "data", args.concurrency or 64)))
+    else:
+        import bench_vllm
+
+        spec = load_spec(str(bench_vllm.write_jobs(tmp, [args.job])[args.job]))
+        if args.concurrency:
+            spec = spec.model_copy(update={"model": spec.model.model_copy(
+                update={"vllm_args": {**spec.model.vllm_args, "max_num_seqs": args.concurrency}})})
     calls = Calls()
     logging.getLogger("batchspec.worker").addHandler(calls)
     logging.getLogger("batchspec.worker").setLevel(logging.INFO)
     engine = None
-    print(f"threads: {os.cpu_count()} cores; concurrency {args.concurrency}; rows: 8 x {args.rows}")
+    print(f"threads: {os.cpu_count()} cores; job {args.job}; concurrency {args.concurrency or 'vLLM default'}"
+          + (f"; rows: 8 x {args.rows}" if args.job == "nightly" else ""))
     generated, saved = {}, {}
     for run in (("first", "off-1", "remembered", "off-2") if args.off else ("first", "remembered")):
         s = spec.model_copy(update={"output": spec.output.model_copy(update={"path": str(tmp / f"out-{run}")})})

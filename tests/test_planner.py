@@ -352,17 +352,24 @@ def test_what_speculation_saved_on_its_rows_is_priced_from_the_step_lines():
 
 
 def test_a_shards_saving_against_plain_counts_all_its_time_once_a_plain_call_was_timed():
-    """Once this run has timed a plain call that filled the engine at least twice, a shard's saving
-    is its rows' plain price (scaled by what the plain calls took over their price) less the time
-    its rows took: whatever its look cost counts, not only its speculating rows' steps."""
+    """Once this run has timed a plain call of the shape one plain call over the actor call's rows
+    would have (streaming: it fills the engine at least twice; or one wave), a shard's saving is its
+    rows' plain price (scaled by what those plain calls took over their price) less the time its
+    rows took: whatever its look cost counts, not only its speculating rows' steps."""
     plan = planner(costs_known=False, measure_in_call=True)
     _, rule = plan.look(8, 1)
     _pairs(rule)
     plan.learn(rule, plan.look(8, 1)[0], 8, [20] * 8)
     rows = [(20, 30, 8)] * 4
     assert plan.steps.saving_against_plain(rows, 0.3) is None  # no plain call timed yet
-    plan.steps.observe_plain_call(5.0, 15, 8, 1.0)  # 15 rows at 8: mostly fill and drain, left out
-    assert plan.steps.saving_against_plain(rows, 0.3) is None
+    plan.steps.observe_plain_call(5.0, 15, 8, 1.0)  # 15 rows at 8: one wave, mostly fill and drain
+    assert plan.steps.saving_against_plain(rows, 0.3) is None  # ... not the shape of a streaming call
+    one_wave = plan.steps.saving_against_plain(rows, 0.3, stream=False)  # but the shape of one wave
+    assert "x5.000" in one_wave.basis and "one wave" in one_wave.basis and "spans" not in one_wave.basis
+    # Rows priced at more concurrency than the one-wave call ran at: the interval spans their price there.
+    wider = plan.steps.saving_against_plain([(20, 30, 16)] * 4, 0.3, stream=False)
+    at_8 = 5.0 * 4 * (30 * 0.010 / 8 + 20 * plan.steps.prefill_row_token_s[0]) - 0.3
+    assert wider.low <= wider.seconds < at_8 == pytest.approx(wider.high) and "spans" in wider.basis
     plan.steps.observe_plain_call(1.1, 16, 8, 1.0)
     pre = plan.steps.prefill_row_token_s[0]
     price = 1.1 * 4 * (30 * 0.010 / 8 + 20 * pre)

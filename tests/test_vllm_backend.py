@@ -1090,6 +1090,10 @@ def test_with_a_plain_engine_the_look_times_each_arm_on_its_own_engine(tmp_path,
             assert own["numbers"]["look_rows"] == 8 and own["numbers"]["clean_steps"] >= 2
             assert own["kind"] in ("on", "off", "cannot_pay")
         assert set(runner.planner.steps.points) == {0, 4} and runner.planner.steps.prefill_row_token_s[1] > 0
+        # The plain look is a plain call of one wave (16 rows at 16): its time over its price is kept, but
+        # it never scales the price of one plain call over the 48 rows, which would stream (48 at 16).
+        assert runner.planner.steps.plain_calls[False][0] > 0
+        assert all("one wave" not in m["saving"]["basis"] for m in manifests if m.get("saving"))
         rows = _rows(runner, manifests)
         assert [r["completion"] for r in rows] == hf_reference[1]
         assert all(r["spec_enabled"] == (r["draft_tokens"] > 0) for r in rows)

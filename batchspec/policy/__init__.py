@@ -6,11 +6,11 @@ Pure Python: no torch, no Ray, no engine internals (import-linter keeps it so)."
 
 from .decision import Decision, DecisionKind, Figures
 from .interleaved import InterleavedSteps, PromptPrices, StepLine, ratio_interval
-from .measured import Saving, StepCosts
+from .measured import Saving, StepCosts, streams
 from .model import Acceptance, Costs, LengthProfile, Policy, acceptance_for, decode_speedup, expected_tokens
 from .planner import ActorPolicy, own_acceptance
 from .steps import CostModelK
 
 __all__ = ["Acceptance", "ActorPolicy", "CostModelK", "Costs", "Decision", "DecisionKind", "Figures",
            "LengthProfile", "InterleavedSteps", "Policy", "PromptPrices", "StepLine", "acceptance_for", "decode_speedup", "expected_tokens", "own_acceptance",
-           "ratio_interval", "Saving", "StepCosts"]
+           "ratio_interval", "Saving", "StepCosts", "streams"]

@@ -38,6 +38,12 @@ class Saving:
         return dataclasses.asdict(self)
 
 
+def streams(rows: int, concurrency: int) -> bool:
+    """Whether a call over `rows` at `concurrency` streams (fills the engine at least twice) rather
+    than running as one wave of fill and drain."""
+    return rows >= 2 * concurrency
+
+
 class StepCosts:
     """An actor's step measurements for the arm at k (and the plain arm), as data."""
 
@@ -51,7 +57,10 @@ class StepCosts:
         self.prefill_row_token_s: tuple[float, float] | None = None
         self.prompts = PromptPrices()  # ... from the steps that ran prompts, where the engine counts their tokens
         self._fitted: tuple[StepLine | None, StepLine | None] | None = None
-        self.plain_calls = (0.0, 0.0)  # this run's plain calls (not looks): seconds they took, their plain price
+        # this run's plain calls, looks' plain halves included: seconds they took, their plain price and
+        # the most concurrency it was priced at, by shape (True: streams, rows >= 2x concurrency; False:
+        # one wave, mostly fill and drain)
+        self.plain_calls: dict[bool, tuple[float, float, int]] = {}
 
     def start_from(self, costs: dict[int, Costs], points: dict[int, list[tuple[float, float]]] | None,
                    prefill_row_token_s: tuple[float, float] | None) -> None:
@@ -165,32 +174,42 @@ class StepCosts:
         return completion * plain.at(concurrency) / concurrency + prompt * (self.prefill_row_token_s or (0.0, 0.0))[0]
 
     def observe_plain_call(self, seconds: float, rows: int, concurrency: int, price: float | None) -> None:
-        """A plain call (not a look) took `seconds` over rows whose plain price was `price`: what whole
-        plain calls take over their price (fill, drain, the line's own bias) scales saving_against_plain.
-        A call that never filled the engine twice is mostly fill and drain and is left out."""
-        if price and rows >= 2 * concurrency:
-            took, priced = self.plain_calls
-            self.plain_calls = (took + seconds, priced + price)
+        """A plain call took `seconds` over rows whose plain price was `price`: what whole plain calls
+        take over their price (fill, drain, the line's own bias) scales saving_against_plain. Kept by
+        shape: a call that streams (rows >= 2x concurrency) runs mostly full, one that never filled
+        the engine twice is mostly fill and drain, and the two take differently over their price."""
+        if price:
+            took, priced, most = self.plain_calls.get(streams(rows, concurrency), (0.0, 0.0, 0))
+            self.plain_calls[streams(rows, concurrency)] = (took + seconds, priced + price, max(most, concurrency))
 
-    def saving_against_plain(self, rows: Sequence[tuple[int, int, int]], seconds: float) -> Saving | None:
+    def saving_against_plain(self, rows: Sequence[tuple[int, int, int]], seconds: float,
+                             stream: bool = True) -> Saving | None:
         """What a shard's decisions saved (negative: cost) against decoding its rows plain: rows,
         (prompt tokens, completion tokens, concurrency) of every row it generated, each priced plain
-        (plain_price) and scaled by what this run's plain calls took over their price; less
-        `seconds`, the shard's generation time (its share of every call, its look's included). The
-        interval is the plain line's 95% interval at those concurrencies. None before a plain call
-        has been measured (then saving(), over the speculating rows only)."""
-        took, priced = self.plain_calls
+        (plain_price) and scaled by what this run's plain calls of the plain call's shape (`stream`:
+        see observe_plain_call) took over their price; less `seconds`, the shard's generation time
+        (its share of every call, its look's included). The interval is the plain line's 95%
+        interval at those concurrencies, widened, where those calls ran at less concurrency than the
+        rows are priced at, to what pricing them at those calls' concurrency gives: the line
+        extrapolated beyond the concurrency it was timed at, on the demo job (a plain look of 48
+        rows, a plain call of 96), priced plain decoding 5-15% low, and pricing at the look's
+        concurrency 10-25% high. None before a plain call of that shape has been measured (then
+        saving(), over the speculating rows only)."""
+        took, priced, most = self.plain_calls.get(stream, (0.0, 0.0, 0))
         plain = self.lines()[1]
         if priced <= 0 or plain is None or not rows:
             return None
         scale = took / priced
         price = scale * sum(self.plain_price(p, n, c) or 0.0 for p, n, c in rows)
+        timed = scale * sum(self.plain_price(p, n, min(c, most)) or 0.0 for p, n, c in rows)
         rel = max(min(t95(max(plain.df, 1)) * plain.se(c) / plain.at(c), 1.0) for _, _, c in rows)
-        basis = (f"its rows priced as plain decoding at the concurrency each ran at (this run's plain step line and "
-                 f"prompt price, x{scale:.3f}: what its plain calls took over that price), less the time its rows "
-                 "took (its share of every call, the look included); the interval is the plain line's")
-        return Saving(round(price - seconds, 4), round(price * (1 - rel) - seconds, 4),
-                      round(price * (1 + rel) - seconds, 4), len(rows), plain.points, basis)
+        shape = "calls that streamed" if stream else "calls of one wave"
+        basis = (f"its rows priced as plain decoding in one call over its actor call's rows (this run's plain step "
+                 f"line and prompt price, x{scale:.3f}: what its plain {shape} took over that price), less the time its rows "
+                 "took (its share of every call, the look included); the interval is the plain line's"
+                 + (", and spans pricing at the concurrency those calls ran at" if timed != price else ""))
+        return Saving(round(price - seconds, 4), round(min(price, timed) * (1 - rel) - seconds, 4),
+                      round(max(price, timed) * (1 + rel) - seconds, 4), len(rows), plain.points, basis)
 
     def row_cost(self, prompt: int, completion: int, accepted: int, verify_steps: int, concurrency: int,
                  speculated: bool) -> float | None:

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import time
 
-from ..policy import ActorPolicy, Decision, own_acceptance
+from ..policy import ActorPolicy, Decision, own_acceptance, streams
 from .calls import Calls
 from .logs import log_event
 from .work import RowInput, ShardWork
@@ -30,11 +30,10 @@ def together(calls: Calls, works: list[ShardWork]) -> None:
             calls.faults.reached(w.shard.shard, 0)
     works = [w for w in works if w.valid]
     spent = {id(w): 0.0 for w in works}
+    rows = sum(len(x.valid) for x in works)
     for w in works:  # plain decoding, the saving's reference, would run all of them in one call
-        w.plain_concurrency = calls.concurrency(sum(len(x.valid) for x in works))
-    looked: dict[int, tuple[float | None, float | None, int, float | None]] = {}
-    if works and calls.learns_costs:
-        looked = _look(calls, works, spent)
+        w.plain_call = (rows, calls.concurrency(rows))
+    looked = _look(calls, works, spent) if works and calls.learns_costs else {}
     groups: dict[tuple[bool, int], list[ShardWork]] = {}
     rows_left = sum(len(w.valid) - w.done for w in works)
     for w in works:
@@ -110,7 +109,7 @@ def _run_look(calls: Calls, works: list[ShardWork], batch: list[tuple[ShardWork,
     for w in works:
         w.decisions.append(dataclasses.replace(decision, at_row=w.done))
         log_event(log, f"policy: {decision.reason}", job=calls.job_id, shard=w.shard.shard, at_row=w.done)
-    _timed(calls, batch, decision, rule, spent)
+    _timed(calls, batch, decision, rule, spent, plain=not decision.speculate)
 
 
 def _timed(calls: Calls, batch: list[tuple[ShardWork, RowInput]], decision: Decision, rule, spent: dict[int, float],
@@ -119,7 +118,7 @@ def _timed(calls: Calls, batch: list[tuple[ShardWork, RowInput]], decision: Deci
     their rows' own work cost (_row_shares), so a shard's time is its rows', not a share of the
     call by tokens. The log says what the call took against what the step lines priced it at:
     how far the cost model the decisions rest on is from whole calls (docs/policy.md). A plain
-    call's time over its price scales what shards' rows would have cost plain (measured_saving)."""
+    call's time over its price (a look's plain half's too) scales the plain price (measured_saving)."""
     t0 = time.perf_counter()
     calls.run_block(batch, decision, rule)
     seconds = time.perf_counter() - t0
@@ -156,15 +155,15 @@ def _row_shares(planner: ActorPolicy, batch: list[tuple[ShardWork, RowInput]], c
 
 
 def measured_saving(planner: ActorPolicy, work: ShardWork) -> dict | None:
-    """What speculation saved on the shard's rows, measured in this run (vllm): against all its rows
-    decoded plain at the concurrency of one plain call over the actor call's rows, once this run
-    timed a plain call (StepCosts.saving_against_plain: the look's cost counts); else over its
-    speculating rows' steps (StepCosts.saving). None where there is nothing to measure it with."""
+    """What speculation saved on the shard's rows in this run (vllm): against all of them decoded plain
+    in one call over the actor call's rows, once a plain call of that shape was timed
+    (StepCosts.saving_against_plain, the look counted); else from its speculating rows' steps."""
     rows = [(o.stats.accepted_tokens, o.stats.spec_rounds, o.stats.prompt_tokens, concurrency)
             for o, _, concurrency in work.results.values() if o.stats.spec_rounds]
     if not rows:
         return {"seconds": 0.0, "low": 0.0, "high": 0.0, "rows": 0, "steps": 0, "basis": "no row speculated"}
-    every = [(o.stats.prompt_tokens, o.stats.completion_tokens, work.plain_concurrency or c)
+    every = [(o.stats.prompt_tokens, o.stats.completion_tokens, work.plain_call[1] or c)
              for o, _, c in work.results.values()]
-    saving = planner.steps.saving_against_plain(every, work.gen_s) or planner.steps.saving(rows)
+    stream = streams(*work.plain_call)
+    saving = planner.steps.saving_against_plain(every, work.gen_s, stream) or planner.steps.saving(rows)
     return saving.to_json() if saving else None

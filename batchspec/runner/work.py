@@ -34,7 +34,7 @@ class ShardWork:
     results: dict = field(default_factory=dict)  # row_index -> (Completion, Decision, batch size)
     done: int = 0  # rows of `valid` generated so far
     gen_s: float = 0.0  # this shard's share of generation time
-    plain_concurrency: int = 0  # vllm: what one plain call over its actor call's rows runs at (the saving's)
+    plain_call: tuple[int, int] = (0, 0)  # vllm: one plain call over its actor call's rows, (rows, concurrency)
     calibrate_s: float = 0.0  # cost measurement this shard paid for (the first at a new concurrency)
 
     def pending_prompt_lengths(self) -> list[int]:
