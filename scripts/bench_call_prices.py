@@ -9,6 +9,7 @@ runner/together.py logs), per arm.
                                                                   # against a run under mode=off
     python scripts/bench_call_prices.py --job demo --off          # the same on the demo job (96 rows)
     python scripts/bench_call_prices.py --job mixed --off         # ... and bench_vllm.py's mixed job
+    python scripts/bench_call_prices.py --job demo --demo-rows 2304 --off   # a demo job of 12 x 192 rows
 
 The step lines are fitted on the steps of calls' drains (the only steps without prompts in them);
 a ratio far from 1.00x, and apart between the arms, is a bias in the predictions the decisions
@@ -54,6 +55,7 @@ class Calls(logging.Handler):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--job", choices=("nightly", "demo", "mixed"), default="nightly")
+    ap.add_argument("--demo-rows", type=int, default=96, help="--job demo: its rows (96, or a multiple of 192)")
     ap.add_argument("--concurrency", type=int, default=None, help="max_num_seqs (nightly default: 64)")
     ap.add_argument("--rows", type=int, default=300, help="rows per shard (8 shards)")
     ap.add_argument("--margin", type=float, default=None, help="the policy's margin (default: its own, 0.05)")
@@ -73,7 +75,7 @@ def main() -> None:
     else:
         import bench_vllm
 
-        spec = load_spec(str(bench_vllm.write_jobs(tmp, [args.job])[args.job]))
+        spec = load_spec(str(bench_vllm.write_jobs(tmp, [args.job], demo_rows=args.demo_rows)[args.job]))
         if args.concurrency:
             spec = spec.model_copy(update={"model": spec.model.model_copy(
                 update={"vllm_args": {**spec.model.vllm_args, "max_num_seqs": args.concurrency}})})

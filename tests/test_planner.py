@@ -352,28 +352,34 @@ def test_what_speculation_saved_on_its_rows_is_priced_from_the_step_lines():
 
 
 def test_a_shards_saving_against_plain_counts_all_its_time_once_a_plain_call_was_timed():
-    """Once this run has timed a plain call of the shape one plain call over the actor call's rows
-    would have (streaming: it fills the engine at least twice; or one wave), a shard's saving is its
-    rows' plain price (scaled by what those plain calls took over their price) less the time its
-    rows took: whatever its look cost counts, not only its speculating rows' steps."""
+    """Once this run has timed a call of the shape one plain call over the actor call's rows would
+    have (streaming: it fills the engine at least twice; or one wave), a shard's saving is its rows'
+    plain price (scaled by what those calls took over their price, plain ones preferred, a call at
+    k standing in with a wider interval) less the time its rows took: whatever its look cost
+    counts, not only its speculating rows' steps."""
     plan = planner(costs_known=False, measure_in_call=True)
     _, rule = plan.look(8, 1)
     _pairs(rule)
     plan.learn(rule, plan.look(8, 1)[0], 8, [20] * 8)
     rows = [(20, 30, 8)] * 4
-    assert plan.steps.saving_against_plain(rows, 0.3) is None  # no plain call timed yet
-    plan.steps.observe_plain_call(5.0, 15, 8, 1.0)  # 15 rows at 8: one wave, mostly fill and drain
-    assert plan.steps.saving_against_plain(rows, 0.3) is None  # ... not the shape of a streaming call
+    assert plan.steps.saving_against_plain(rows, 0.3) is None  # no call timed yet
+    plan.steps.observe_call(1.2, 16, 8, 1.0, plain=False)  # every shard speculating: a call at k stands in
+    at_k = plan.steps.saving_against_plain(rows, 0.3)
+    assert "x1.200" in at_k.basis and "at k" in at_k.basis and "widened by 3%" in at_k.basis
+    assert at_k.low < at_k.seconds < at_k.high
+    plan.steps.observe_call(5.0, 15, 8, 1.0, plain=True)  # 15 rows at 8: one wave, mostly fill and drain
+    assert "at k" in plan.steps.saving_against_plain(rows, 0.3).basis  # ... not the shape of a streaming call
     one_wave = plan.steps.saving_against_plain(rows, 0.3, stream=False)  # but the shape of one wave
     assert "x5.000" in one_wave.basis and "one wave" in one_wave.basis and "spans" not in one_wave.basis
     # Rows priced at more concurrency than the one-wave call ran at: the interval spans their price there.
     wider = plan.steps.saving_against_plain([(20, 30, 16)] * 4, 0.3, stream=False)
     at_8 = 5.0 * 4 * (30 * 0.010 / 8 + 20 * plan.steps.prefill_row_token_s[0]) - 0.3
     assert wider.low <= wider.seconds < at_8 == pytest.approx(wider.high) and "spans" in wider.basis
-    plan.steps.observe_plain_call(1.1, 16, 8, 1.0)
+    plan.steps.observe_call(1.1, 16, 8, 1.0, plain=True)
     pre = plan.steps.prefill_row_token_s[0]
     price = 1.1 * 4 * (30 * 0.010 / 8 + 20 * pre)
     saved = plan.steps.saving_against_plain(rows, 0.3)
     assert saved.seconds == pytest.approx(price - 0.3, abs=1e-4) and saved.rows == 4
     assert saved.low <= saved.seconds <= saved.high and "x1.100" in saved.basis and "look" in saved.basis
+    assert "widened" not in saved.basis  # a plain call of the shape: no call at k stands in
     assert plan.steps.saving_against_plain(rows, 5.0).seconds < 0  # rows that took longer than plain: a cost

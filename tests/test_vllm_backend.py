@@ -1092,7 +1092,7 @@ def test_with_a_plain_engine_the_look_times_each_arm_on_its_own_engine(tmp_path,
         assert set(runner.planner.steps.points) == {0, 4} and runner.planner.steps.prefill_row_token_s[1] > 0
         # The plain look is a plain call of one wave (16 rows at 16): its time over its price is kept, but
         # it never scales the price of one plain call over the 48 rows, which would stream (48 at 16).
-        assert runner.planner.steps.plain_calls[False][0] > 0
+        assert runner.planner.steps.calls[(True, False)][0] > 0
         assert all("one wave" not in m["saving"]["basis"] for m in manifests if m.get("saving"))
         rows = _rows(runner, manifests)
         assert [r["completion"] for r in rows] == hf_reference[1]

@@ -16,6 +16,10 @@ from .interleaved import InterleavedSteps, PromptPrices, StepLine, ratio_interva
 from .model import Costs
 
 KEEP_POINTS = 512  # clean steps kept per arm: what the step lines decisions cite are fitted on
+# How far apart whole calls of the two arms take over their price, at most: what a call at k stands
+# for a plain call with, where none ran. Measured: calls at k 1.08-1.09x, plain calls 1.06-1.08x
+# (bench_call_prices.py, docs/benchmarks.md, "Prompt prices").
+ARMS_APART = 0.03
 STEPS_BASIS = ("each speculating row's verify steps and accepted tokens, priced with this run's step lines at the "
                "concurrency it ran at, less the draft's prefill; the interval is the step ratio's")
 
@@ -57,10 +61,9 @@ class StepCosts:
         self.prefill_row_token_s: tuple[float, float] | None = None
         self.prompts = PromptPrices()  # ... from the steps that ran prompts, where the engine counts their tokens
         self._fitted: tuple[StepLine | None, StepLine | None] | None = None
-        # this run's plain calls, looks' plain halves included: seconds they took, their plain price and
-        # the most concurrency it was priced at, by shape (True: streams, rows >= 2x concurrency; False:
-        # one wave, mostly fill and drain)
-        self.plain_calls: dict[bool, tuple[float, float, int]] = {}
+        # this run's calls by (plain, streams) (observe_call): seconds they took, their price and the
+        # most concurrency it was at
+        self.calls: dict[tuple[bool, bool], tuple[float, float, int]] = {}
 
     def start_from(self, costs: dict[int, Costs], points: dict[int, list[tuple[float, float]]] | None,
                    prefill_row_token_s: tuple[float, float] | None) -> None:
@@ -173,29 +176,33 @@ class StepCosts:
             return None
         return completion * plain.at(concurrency) / concurrency + prompt * (self.prefill_row_token_s or (0.0, 0.0))[0]
 
-    def observe_plain_call(self, seconds: float, rows: int, concurrency: int, price: float | None) -> None:
-        """A plain call took `seconds` over rows whose plain price was `price`: what whole plain calls
-        take over their price (fill, drain, the line's own bias) scales saving_against_plain. Kept by
-        shape: a call that streams (rows >= 2x concurrency) runs mostly full, one that never filled
-        the engine twice is mostly fill and drain, and the two take differently over their price."""
+    def observe_call(self, seconds: float, rows: int, concurrency: int, price: float | None, plain: bool) -> None:
+        """A call took `seconds` over rows the step lines priced at `price` (a plain call: the plain
+        price; a call at k: its rows' own work, row_cost): what whole calls take over their price
+        (fill, drain, the lines' own bias) scales saving_against_plain. Kept by arm and shape: a call
+        that streams (rows >= 2x concurrency) runs mostly full, one that never filled the engine
+        twice is mostly fill and drain, and the two take differently over their price."""
         if price:
-            took, priced, most = self.plain_calls.get(streams(rows, concurrency), (0.0, 0.0, 0))
-            self.plain_calls[streams(rows, concurrency)] = (took + seconds, priced + price, max(most, concurrency))
+            key = (plain, streams(rows, concurrency))
+            took, priced, most = self.calls.get(key, (0.0, 0.0, 0))
+            self.calls[key] = (took + seconds, priced + price, max(most, concurrency))
 
     def saving_against_plain(self, rows: Sequence[tuple[int, int, int]], seconds: float,
                              stream: bool = True) -> Saving | None:
         """What a shard's decisions saved (negative: cost) against decoding its rows plain: rows,
         (prompt tokens, completion tokens, concurrency) of every row it generated, each priced plain
-        (plain_price) and scaled by what this run's plain calls of the plain call's shape (`stream`:
-        see observe_plain_call) took over their price; less `seconds`, the shard's generation time
-        (its share of every call, its look's included). The interval is the plain line's 95%
-        interval at those concurrencies, widened, where those calls ran at less concurrency than the
-        rows are priced at, to what pricing them at those calls' concurrency gives: the line
-        extrapolated beyond the concurrency it was timed at, on the demo job (a plain look of 48
-        rows, a plain call of 96), priced plain decoding 5-15% low, and pricing at the look's
-        concurrency 10-25% high. None before a plain call of that shape has been measured (then
-        saving(), over the speculating rows only)."""
-        took, priced, most = self.plain_calls.get(stream, (0.0, 0.0, 0))
+        (plain_price) and scaled by what this run's plain calls of the plain call's shape (`stream`,
+        observe_call) took over their price; less `seconds`, the shard's generation time (its share
+        of every call, its look's included). Where no plain call had that shape (every shard
+        speculating), by what its calls at k of that shape took over theirs, the interval widened by
+        ARMS_APART. The interval is the plain line's 95% interval at those concurrencies, widened,
+        where those calls ran at less concurrency than the rows are priced at, to what pricing them
+        at those calls' concurrency gives: the line extrapolated beyond the concurrency it was
+        timed at, on the demo job (a plain look of 48 rows, a plain call of 96), priced plain
+        decoding 5-15% low, and pricing at the look's concurrency 10-25% high. None before a call
+        of that shape has been measured (then saving(), over the speculating rows only)."""
+        arm = "plain" if (True, stream) in self.calls else "at k"
+        took, priced, most = self.calls.get((True, stream)) or self.calls.get((False, stream)) or (0.0, 0.0, 0)
         plain = self.lines()[1]
         if priced <= 0 or plain is None or not rows:
             return None
@@ -203,10 +210,12 @@ class StepCosts:
         price = scale * sum(self.plain_price(p, n, c) or 0.0 for p, n, c in rows)
         timed = scale * sum(self.plain_price(p, n, min(c, most)) or 0.0 for p, n, c in rows)
         rel = max(min(t95(max(plain.df, 1)) * plain.se(c) / plain.at(c), 1.0) for _, _, c in rows)
-        shape = "calls that streamed" if stream else "calls of one wave"
+        rel += 0.0 if arm == "plain" else ARMS_APART
+        shape = "that streamed" if stream else "of one wave"
         basis = (f"its rows priced as plain decoding in one call over its actor call's rows (this run's plain step "
-                 f"line and prompt price, x{scale:.3f}: what its plain {shape} took over that price), less the time its rows "
-                 "took (its share of every call, the look included); the interval is the plain line's"
+                 f"line and prompt price, x{scale:.3f}: what its calls {arm} {shape} took over their price), less the "
+                 "time its rows took (its share of every call, the look included); the interval is the plain line's"
+                 + (f", widened by {ARMS_APART:.0%} (a call at k stands for a plain one)" if arm != "plain" else "")
                  + (", and spans pricing at the concurrency those calls ran at" if timed != price else ""))
         return Saving(round(price - seconds, 4), round(min(price, timed) * (1 - rel) - seconds, 4),
                       round(max(price, timed) * (1 + rel) - seconds, 4), len(rows), plain.points, basis)

@@ -51,7 +51,7 @@ def together(calls: Calls, works: list[ShardWork]) -> None:
     for (speculate, k), members in groups.items():
         batch = [(w, r) for w in members for r in w.valid[w.done:]]
         rule = calls.draft_length(k, len(batch)) if speculate else calls.planner.plain_rule()
-        _timed(calls, batch, members[0].decisions[-1], rule, spent, plain=not speculate)
+        _timed(calls, batch, members[0].decisions[-1], rule, spent)
     for w in works:
         w.gen_s = spent[id(w)]
         if calls.faults:
@@ -109,16 +109,16 @@ def _run_look(calls: Calls, works: list[ShardWork], batch: list[tuple[ShardWork,
     for w in works:
         w.decisions.append(dataclasses.replace(decision, at_row=w.done))
         log_event(log, f"policy: {decision.reason}", job=calls.job_id, shard=w.shard.shard, at_row=w.done)
-    _timed(calls, batch, decision, rule, spent, plain=not decision.speculate)
+    _timed(calls, batch, decision, rule, spent, observed=not decision.speculate)
 
 
 def _timed(calls: Calls, batch: list[tuple[ShardWork, RowInput]], decision: Decision, rule, spent: dict[int, float],
-           plain: bool = False) -> None:
+           observed: bool = True) -> None:
     """One call (_run_block), its measured time split among the shards it ran rows of by what
     their rows' own work cost (_row_shares), so a shard's time is its rows', not a share of the
     call by tokens. The log says what the call took against what the step lines priced it at:
-    how far the cost model the decisions rest on is from whole calls (docs/policy.md). A plain
-    call's time over its price (a look's plain half's too) scales the plain price (measured_saving)."""
+    how far the cost model the decisions rest on is from whole calls (docs/policy.md). Its time over
+    its price (not a look's at k) scales the plain price of the saving (measured_saving)."""
     t0 = time.perf_counter()
     calls.run_block(batch, decision, rule)
     seconds = time.perf_counter() - t0
@@ -126,8 +126,8 @@ def _timed(calls: Calls, batch: list[tuple[ShardWork, RowInput]], decision: Deci
     shares, priced = _row_shares(calls.planner, batch, concurrency)
     for key, share in shares.items():
         spent[key] += seconds * share
-    if plain:
-        calls.planner.steps.observe_plain_call(seconds, len(batch), concurrency, priced)
+    if observed:  # a look at k (with plain blocks on one engine) scales nothing
+        calls.planner.steps.observe_call(seconds, len(batch), concurrency, priced, plain=not decision.speculate)
     if priced:
         log_event(log, f"call: {len(batch)} rows at k={decision.k if decision.speculate else 0} took {seconds:.2f} s; "
                   f"the step lines priced them at {priced:.2f} s ({seconds / priced:.2f}x)", job=calls.job_id)
