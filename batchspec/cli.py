@@ -345,8 +345,10 @@ def report(
 ) -> None:
     """Cost, acceptance and latency of a run, from committed shards only. The cost is the shards'
     actor time; the engines' loads are priced on their own line ("start-up $... more"). The saving
-    from speculation is estimated from the step costs each shard's actor measured: "unknown" where
-    no speculating shard kept them, and "over N of M rows" where only some did (docs/reports.md).
+    from speculation comes first: on vLLM measured in the run against plain decoding of the same
+    rows, with a 95% interval ("no measurable saving" where it spans zero); on the hf engine
+    estimated from the step costs each shard's actor measured, "unknown" where no speculating shard
+    kept them and "over N of M rows" where only some did (docs/reports.md).
 
     Example: batchspec report out/summarize_legal --format html --out report.html
 

@@ -348,8 +348,10 @@ def _headline(r: dict) -> str:
     actor_s = r["actor_seconds"]
     measured = measured_saving_text(r)
     saving = r["measured_saving_s"] if measured is not None else r["estimated_saving_s"]
-    share = (f"{saving / (actor_s + saving) * 100:.0f}% of the plain-decoding time"
-             if saving and actor_s + saving > 0 else "")
+    share = ""
+    if saving and actor_s + saving > 0:
+        pct = saving / (actor_s + saving) * 100
+        share = f"{pct:.0f}% of the plain-decoding time" if pct > 0 else f"{-pct:.0f}% more time than plain decoding"
     if measured is not None:
         saving_note = "; ".join(x for x in (measured, share, "against plain decoding of the same rows, priced with "
                                             "the run's own step measurements (docs/policy.md)") if x)

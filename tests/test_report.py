@@ -211,6 +211,8 @@ def test_a_measured_saving_is_reported_first_with_its_interval(tmp_path):
     assert "no measurable saving (0.3 s, 95% interval -0.4 to 1.0 s)" in to_text(tie)
     lost = job("lost", [(-1.0, -1.5, -0.5)])
     assert "speculation cost 1.0 s (95% interval -1.5 to -0.5 s)" in to_text(lost)
+    share = lost["measured_saving_s"] / (lost["actor_seconds"] + lost["measured_saving_s"])
+    assert f"{-100 * share:.0f}% more time than plain decoding" in to_html(lost) and share < 0
     near = job("near", [(0.02, -0.04, 0.08)])  # a bound just below zero prints as 0.0, not -0.0
     assert "no measurable saving (0.0 s, 95% interval 0.0 to 0.1 s)" in to_text(near)
 
