@@ -202,7 +202,7 @@ class StepCosts:
         decoding 5-15% low, and pricing at the look's concurrency 10-25% high. None before a call
         of that shape has been measured (then saving(), over the speculating rows only)."""
         arm = "plain" if (True, stream) in self.calls else "at k"
-        took, priced, most = self.calls.get((True, stream)) or self.calls.get((False, stream)) or (0.0, 0.0, 0)
+        took, priced, most = self.calls.get((arm == "plain", stream), (0.0, 0.0, 0))
         plain = self.lines()[1]
         if priced <= 0 or plain is None or not rows:
             return None
@@ -226,10 +226,9 @@ class StepCosts:
         concurrency it ran at: its verify steps at k, its other steps plain, and its prompt (the
         draft's part too when it speculated). An estimate of the row's share of its call (the
         runner scales the shares to the call's measured time); None without step lines."""
-        spec, plain = self.lines()
-        if spec is None or plain is None or concurrency <= 0:
+        spec = self.lines()[0]
+        plain_part = self.plain_price(prompt, max(completion - accepted - verify_steps, 0), concurrency)
+        if spec is None or plain_part is None:
             return None
-        plain_steps = max(completion - accepted - verify_steps, 0)
-        decode = (verify_steps * spec.at(concurrency) + plain_steps * plain.at(concurrency)) / concurrency
-        pre, pre_draft = self.prefill_row_token_s or (0.0, 0.0)
-        return decode + prompt * (pre + (pre_draft if speculated else 0.0))
+        draft = prompt * (self.prefill_row_token_s or (0.0, 0.0))[1] if speculated else 0.0
+        return verify_steps * spec.at(concurrency) / concurrency + plain_part + draft
