@@ -12,8 +12,9 @@ each as short prompts (one contract) and as prefill-heavy ones (three contracts 
     legal-short x3, scrambled-short x3, legal-long x1, scrambled-long x1   (rows each: --rows)
 
 The job is the demo job (draft kind `model`, k = 4, greedy, stop at a newline) with
-max_new_tokens 96 and `model.backend: vllm`. Per concurrency and repetition, in this order, each
-in its own process:
+max_new_tokens 96 and `model.backend: vllm`. Per concurrency and repetition, each in its own
+process, in this order turned round by one block every repetition (the machine drifts by more than
+the goals over a repetition: a fixed order put bare plain always first):
 
     bare plain     LLM(...) without speculation, a warm-up call, one timed LLM.generate over every
                    row; then one timed call per shard ("apart")
@@ -266,24 +267,15 @@ def run(args) -> dict:
     results: dict = {"rows": args.rows * sum(n for _, n in SHARDS), "shards": domains, "runs": []}
     try:
         for rep in range(args.repeats):
-            for conc in args.concurrency:
+            for c, conc in enumerate(args.concurrency):
                 job = write_job(tmp, tmp / "data", None if conc == 256 else conc)
                 shards = shard_prompts(job)
                 entry = {"concurrency": conc, "repeat": rep, "order": list(shards)}
-                entry["bare_plain"] = bare(job, shards, False)
-                entry["bare_spec"] = bare(job, shards, True)
-                if args.paired:
-                    entry["paired"] = paired(job, shards, args.paired)
-                for engines in args.engines:
-                    sets = ENGINES[engines]
-                    tag = f"{conc}-{rep}-{engines}"
-                    memory = tmp / f"memory-{tag}"
-                    entry[f"auto_first{engines}"] = auto(job, tmp / f"out-{tag}-first", memory, *sets)
-                    again = tmp / f"memory-{tag}-again"
-                    shutil.copytree(memory, again)
-                    entry[f"auto_remembered{engines}"] = auto(job, tmp / f"out-{tag}-again", again, *sets)
-                    off = batchspec(job, "vllm", tmp / f"out-{tag}-off", "speculation.mode=off", *sets)
-                    entry[f"batchspec_off{engines}"] = {k: off[k] for k in ("generate_s", "wall_s")}
+                blocks = run_blocks(args, tmp, job, shards, entry, f"{conc}-{rep}")
+                turn = (rep + c) % len(blocks)  # each block in each place in turn: the machine drifts
+                entry["ran"] = [name for name, _ in blocks[turn:] + blocks[:turn]]
+                for _, block in blocks[turn:] + blocks[:turn]:
+                    block()
                 summarize(entry, domains, args.engines)
                 results["runs"].append(entry)
                 for engines in args.engines:
@@ -292,6 +284,33 @@ def run(args) -> dict:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
     return results
+
+
+def run_blocks(args, tmp: Path, job: Path, shards: dict, entry: dict, tag: str) -> list[tuple[str, object]]:
+    """One repetition's runs as blocks that fill `entry` when called; run() turns their order
+    round by one block a repetition. auto first and remembered stay one block (in that order)."""
+    def put(key, fn):
+        return lambda: entry.__setitem__(key, fn())
+
+    blocks = [("bare plain", put("bare_plain", lambda: bare(job, shards, False))),
+              ("bare spec", put("bare_spec", lambda: bare(job, shards, True)))]
+    if args.paired:
+        blocks.append(("paired", put("paired", lambda: paired(job, shards, args.paired))))
+    for engines in args.engines:
+        sets, memory = ENGINES[engines], tmp / f"memory-{tag}{engines}"
+
+        def first_and_again(engines=engines, sets=sets, memory=memory):
+            entry[f"auto_first{engines}"] = auto(job, tmp / f"out-{tag}{engines}-first", memory, *sets)
+            again = tmp / f"memory-{tag}{engines}-again"
+            shutil.copytree(memory, again)
+            entry[f"auto_remembered{engines}"] = auto(job, tmp / f"out-{tag}{engines}-again", again, *sets)
+
+        def off(engines=engines, sets=sets):
+            res = batchspec(job, "vllm", tmp / f"out-{tag}{engines}-off", "speculation.mode=off", *sets)
+            entry[f"batchspec_off{engines}"] = {k: res[k] for k in ("generate_s", "wall_s")}
+
+        blocks += [(f"auto{engines}", first_and_again), (f"off{engines}", off)]
+    return blocks
 
 
 def summarize(e: dict, domains: dict[str, str], engines: list[str]) -> None:
@@ -382,6 +401,14 @@ def main() -> None:
                                                   for k in ("auto_first", "auto_remembered", "batchspec_off")]
             med = {k: statistics.median(r[k]["generate_s"] for r in runs) for k in keys}
             print(f"median at {conc}: " + ", ".join(f"{k} {v:.2f}s" for k, v in med.items()))
+            for v in args.engines:  # ratios within each repetition, then their spread across them
+                ratios = {"auto first / best bare": [r[f"auto_first{v}"]["vs_best_static"] for r in runs],
+                          "auto remembered / best bare": [r[f"auto_remembered{v}"]["vs_best_static"] for r in runs],
+                          "batchspec off / bare plain": [r[f"batchspec_off{v}"]["generate_s"] / r["bare_plain"]["generate_s"]
+                                                         for r in runs]}
+                for name, values in ratios.items():
+                    print(f"  {conc}{v} {name}: min {min(values):.3f} / median {statistics.median(values):.3f} / "
+                          f"max {max(values):.3f}  ({', '.join(f'{x:.3f}' for x in values)})")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
 
