@@ -17,7 +17,9 @@ process, in this order turned round by one block every repetition (the machine d
 the goals over a repetition: a fixed order put bare plain always first):
 
     bare plain     LLM(...) without speculation, a warm-up call, one timed LLM.generate over every
-                   row; then one timed call per shard ("apart")
+                   row; then one timed call per shard ("apart"), and one per kind of shard (its
+                   shards' rows together: the shape they run in within the job, where a shard
+                   apart is one wave at 256)
     bare spec      the same with the job's speculative config at k = 4
     paired         (--paired N) both engines in one process, each shard apart on each, N times,
                    the arms' order alternating: the per-shard reference decisions, predictions and
@@ -81,7 +83,15 @@ for name, rows in shards.items():
     t = time.perf_counter()
     llm.generate(rows, params, use_tqdm=False)
     apart[name] = time.perf_counter() - t
-print("RESULT" + json.dumps({"generate_s": gen, "apart_s": apart, "completions": [o.outputs[0].text for o in outs],
+kinds = {}  # each kind's rows (legal-short's three shards, ...) in one call: the shape they run in within the job
+for name, rows in shards.items():
+    kinds.setdefault(name.rsplit("-", 1)[0], []).extend(rows)
+by_kind = {}
+for kind, rows in kinds.items():
+    t = time.perf_counter()
+    llm.generate(rows, params, use_tqdm=False)
+    by_kind[kind] = time.perf_counter() - t
+print("RESULT" + json.dumps({"generate_s": gen, "apart_s": apart, "kind_s": by_kind, "completions": [o.outputs[0].text for o in outs],
                              "tokens": sum(len(o.outputs[0].token_ids) for o in outs)}))
 """
 
@@ -331,6 +341,11 @@ def summarize(e: dict, domains: dict[str, str], engines: list[str]) -> None:
         wrong = [n for n, d in domains.items() if e["favoured"][d] is not None
                  and r["speculated"].get(n) != (e["favoured"][d] == "spec")]
         r["wrong_decisions"] = wrong
+        if "kind_s" in plain and "kind_s" in spec:  # the same against each kind's rows in one call
+            fk = favoured({"plain": plain["kind_s"], "spec": spec["kind_s"]}, {k: k for k in plain["kind_s"]})
+            e["favoured_kind_call"] = fk
+            r["wrong_decisions_kind_call"] = [n for n, d in domains.items() if fk.get(d) is not None
+                                              and r["speculated"].get(n) != (fk[d] == "spec")]
         # Per kind: the mean predicted speedup against bare plain/spec run apart (goal: within 7%).
         r["prediction_error"] = {}
         for kind in sorted(set(domains.values())):
@@ -339,6 +354,11 @@ def summarize(e: dict, domains: dict[str, str], engines: list[str]) -> None:
             if preds:
                 actual = sum(apart["plain"][n] for n in names) / sum(apart["spec"][n] for n in names)
                 r["prediction_error"][kind] = round(sum(preds) / len(preds) / actual - 1, 3)
+                # ... and against the kind's rows in one call on each bare engine (streaming where apart is one wave)
+                whole = plain.get("kind_s", {}).get(kind), spec.get("kind_s", {}).get(kind)
+                if None not in whole:
+                    r.setdefault("prediction_error_kind_call", {})[kind] = round(
+                        sum(preds) / len(preds) / (whole[0] / whole[1]) - 1, 3)
         r["saving_error_of_generation"] = None
         reported = r["saving"].get("measured_saving_s")
         if reported is not None:
@@ -409,6 +429,12 @@ def main() -> None:
                 for name, values in ratios.items():
                     print(f"  {conc}{v} {name}: min {min(values):.3f} / median {statistics.median(values):.3f} / "
                           f"max {max(values):.3f}  ({', '.join(f'{x:.3f}' for x in values)})")
+        for v in args.engines:  # predictions against the two bare references, every kind of every run
+            for ref in ("prediction_error", "prediction_error_kind_call"):
+                errors = [x for r in runs for k in ("auto_first", "auto_remembered") for x in r[f"{k}{v}"].get(ref, {}).values()]
+                if errors:
+                    print(f"  {conc}{v} {ref}: within 7% in {sum(abs(x) <= 0.07 for x in errors)} of {len(errors)} "
+                          f"({min(errors):+.0%} to {max(errors):+.0%})")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
 
