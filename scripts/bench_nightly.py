@@ -223,6 +223,13 @@ def bare(job: Path, shards: dict[str, list[list[int]]], speculative: bool) -> di
 
 def paired(job: Path, shards: dict[str, list[list[int]]], repeats: int) -> dict:
     """Each shard apart on a plain and a speculative engine in one process, interleaved (PAIRED)."""
+    return both_engines(PAIRED, job, shards, repeats, what="paired bare vLLM")
+
+
+def both_engines(code: str, job: Path, shards: dict[str, list[list[int]]], repeats: int, what: str) -> dict:
+    """The RESULT of a child script (`code`) given both bare engines' arguments, the shards, the
+    repetitions and the job's generation settings (cfg keys plain, spec, shards, repeats,
+    max_new_tokens, stop): PAIRED here, scripts/bench_stream.py's."""
     plain, _ = bare_args(job, False)
     speculative, spec = bare_args(job, True)
     cfg = {"plain": plain, "spec": speculative, "shards": shards, "repeats": repeats,
@@ -230,7 +237,7 @@ def paired(job: Path, shards: dict[str, list[list[int]]], repeats: int) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
         json.dump(cfg, f)
         f.flush()
-        return child_result(PAIRED, f.name, what="paired bare vLLM")
+        return child_result(code, f.name, what=what)
 
 
 def auto(job: Path, out: Path, memory: Path, *sets: str) -> dict:

@@ -26,16 +26,13 @@ the torch default here (2 cores).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_nightly  # noqa: E402
-from bench_vllm import child_result  # noqa: E402
 
 CHILD = r"""
 import json, os, sys, time
@@ -70,13 +67,12 @@ def four_calls():
 def stream(phases, early):
     # phases: [[(llm, rows), ...], ...]; a phase's requests go in once `early` of the previous
     # phase's have finished; engines with requests are stepped in turn until all are done.
-    got, finished, waiting = {}, 0, list(phases)
-    current = 0
+    got, finished = {}, 0
     def enqueue(phase):
         for llm, rows in phase:
             llm.enqueue(p(rows), params, use_tqdm=False)
         return sum(len(rows) for _, rows in phase)
-    current, waiting = enqueue(waiting[0]), waiting[1:]
+    current, waiting = enqueue(phases[0]), phases[1:]
     while True:
         busy = [llm for llm in (spec, plain) if llm.llm_engine.has_unfinished_requests()]
         if waiting and finished >= early * current:
@@ -91,9 +87,9 @@ def stream(phases, early):
                     finished += 1
     return got
 
+PHASES = [[(spec, look_k), (plain, look_plain)], [(spec, on), (plain, off)]]  # the look, then the groups
 ARMS = {"one plain call": one_call, "four calls": four_calls,
-        "in turn": lambda: stream([[(spec, look_k), (plain, look_plain)], [(spec, on), (plain, off)]], 1.0),
-        "in turn, early": lambda: stream([[(spec, look_k), (plain, look_plain)], [(spec, on), (plain, off)]], 0.9)}
+        "in turn": lambda: stream(PHASES, 1.0), "in turn, early": lambda: stream(PHASES, 0.9)}
 plain.generate(p(every[:2]), params, use_tqdm=False)
 spec.generate(p(every[:2]), params, use_tqdm=False)
 times = {name: [] for name in ARMS}
@@ -122,13 +118,7 @@ def main() -> None:
     args = ap.parse_args()
     _, job = bench_nightly.fresh_job("stream", args.rows, args.concurrency)
     shards = bench_nightly.shard_prompts(job)
-    plain, spec = bench_nightly.bare_args(job, False)[0], bench_nightly.bare_args(job, True)
-    cfg = {"plain": plain, "spec": spec[0], "shards": shards, "repeats": args.repeats,
-           "max_new_tokens": spec[1].generation.max_new_tokens, "stop": spec[1].generation.stop}
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
-        json.dump(cfg, f)
-        f.flush()
-        res = child_result(CHILD, f.name, what="bench_stream child")
+    res = bench_nightly.both_engines(CHILD, job, shards, args.repeats, what="bench_stream child")
     base = res["times"]["one plain call"]
     print(f"{res['rows']} rows at max_num_seqs {args.concurrency}, {args.repeats} repetitions (generation s; "
           f"x: against the one plain call of the same repetition):")
