@@ -307,6 +307,20 @@ def test_a_call_whose_steps_show_speculation_slower_is_recorded_as_stopped():
     assert stopped.figures.speedup_interval[1] < 1.0
 
 
+def test_a_stopped_calls_interval_is_written_below_one_as_its_stop_requires():
+    """A call stops when its measured speedup's 95% interval lies below 1.0; a high end of 0.9996
+    rounded to the nearest read "0.28-1.00x" (and 1.0 in the figures), as if it had not."""
+    plan = planner(measure_in_call=True)
+    plan.steps.costs_by_batch[8] = costs()
+    d = plan.decide_own(Shard([20] * 8), 0.9, 8, 4.0, 8)
+    rule = InterleavedSteps(d.k, dense=True)
+    _pairs(rule, spec=(0.030, 8 * 1.2))
+    rule.stopped = (0.53, 0.28, 0.9996)
+    stopped = plan.learn(rule, d, 8, [20] * 8)
+    assert stopped.figures.speedup_interval == (0.28, 0.999)
+    assert "(95% interval 0.28-0.99x," in stopped.reason
+
+
 def test_hf_calls_get_a_per_round_rule():
     plan = planner()
     assert isinstance(plan.draft_length(4, 8, per_round_k=True, adaptive=True), CostModelK)

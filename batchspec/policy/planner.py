@@ -11,6 +11,7 @@ module decides. Tests drive it with scripted step rules (tests/test_planner.py).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -231,9 +232,12 @@ class ActorPolicy:
         if rule.stopped is None:
             return decision
         mean, low, high = rule.stopped
+        # The call stopped because the interval's high end is below 1.0: rounded to the nearest, a
+        # high end of 0.9996 read "0.28-1.00x"; rounded down it stays below 1.0 as written.
+        high2, high3 = math.floor(high * 100) / 100, math.floor(high * 1000) / 1000
         return Decision(Kind.STOPPED, False, 0, f"its steps at k={rule.k_spec} ran {mean:.2f}x plain's tokens/s at "
-                        f"{rule._rows} rows (95% interval {low:.2f}-{high:.2f}x, over {len(rule.points[0])} plain "
+                        f"{rule._rows} rows (95% interval {low:.2f}-{high2:.2f}x, over {len(rule.points[0])} plain "
                         f"and {len(rule.points[rule.k_spec])} speculative steps)", round(mean, 3), decision.alpha,
                         decision.at_row, Figures(rows=len(prompt_lengths), k=rule.k_spec,
                                                  clean_steps=min(len(p) for p in rule.points.values()),
-                                                 speedup_interval=(round(low, 3), round(high, 3))))
+                                                 speedup_interval=(round(low, 3), high3)))
