@@ -266,12 +266,33 @@ def auto(job: Path, out: Path, memory: Path, *sets: str) -> dict:
     return res
 
 
+def apart_reference(e: dict) -> dict[str, dict[str, float]]:
+    """Each shard apart, {"plain"|"spec": {shard: seconds}}: the paired reference where it ran
+    (--paired), else each bare process's own call per shard."""
+    return e["paired"]["median"] if "paired" in e else {"plain": e["bare_plain"]["apart_s"], "spec": e["bare_spec"]["apart_s"]}
+
+
+def shards_of(domains: dict[str, str], kind: str) -> list[str]:
+    return [n for n, d in domains.items() if d == kind]
+
+
+def kind_ratio(arms: dict[str, dict[str, float]], names: list[str]) -> float:
+    """Bare plain seconds over bare spec seconds of these shards together (> 1: speculation faster)."""
+    return sum(arms["plain"][n] for n in names) / sum(arms["spec"][n] for n in names)
+
+
+def mean_predicted(r: dict, names: list[str]) -> float | None:
+    """The mean of these shards' predicted speedups in one batchspec run (numbers.predicted_own)."""
+    preds = [r["predicted"][n] for n in names if r["predicted"].get(n) is not None]
+    return sum(preds) / len(preds) if preds else None
+
+
 def favoured(apart: dict[str, dict[str, float]], domains: dict[str, str]) -> dict[str, str | None]:
     """Per kind of shard (domain and length profile), the arm its bare runs apart favour by >= 5%
     ("spec"/"plain"), None for a tie. apart: {"plain"|"spec": {shard: seconds}}."""
     out = {}
     for domain in sorted(set(domains.values())):
-        names = [n for n, d in domains.items() if d == domain]
+        names = shards_of(domains, domain)
         p, s = (sum(apart[arm][n] for n in names) for arm in ("plain", "spec"))
         out[domain] = "spec" if p >= 1.05 * s else "plain" if s >= 1.05 * p else None
     return out
@@ -332,8 +353,7 @@ def run_blocks(args, tmp: Path, job: Path, shards: dict, entry: dict, tag: str) 
 
 def summarize(e: dict, domains: dict[str, str], engines: list[str]) -> None:
     plain, spec = e["bare_plain"], e["bare_spec"]
-    # Each shard apart: the paired reference where it ran (--paired), else each bare process's own.
-    apart = e["paired"]["median"] if "paired" in e else {"plain": plain["apart_s"], "spec": spec["apart_s"]}
+    apart = apart_reference(e)
     e["oracle_s"] = sum(min(apart["plain"][n], apart["spec"][n]) for n in domains)
     e["favoured"] = favoured(apart, domains)
     best = min(plain["generate_s"], spec["generate_s"])
@@ -356,16 +376,14 @@ def summarize(e: dict, domains: dict[str, str], engines: list[str]) -> None:
         # Per kind: the mean predicted speedup against bare plain/spec run apart (goal: within 7%).
         r["prediction_error"] = {}
         for kind in sorted(set(domains.values())):
-            names = [n for n, d in domains.items() if d == kind]
-            preds = [r["predicted"].get(n) for n in names if r["predicted"].get(n) is not None]
-            if preds:
-                actual = sum(apart["plain"][n] for n in names) / sum(apart["spec"][n] for n in names)
-                r["prediction_error"][kind] = round(sum(preds) / len(preds) / actual - 1, 3)
+            names = shards_of(domains, kind)
+            pred = mean_predicted(r, names)
+            if pred is not None:
+                r["prediction_error"][kind] = round(pred / kind_ratio(apart, names) - 1, 3)
                 # ... and against the kind's rows in one call on each bare engine (streaming where apart is one wave)
                 whole = plain.get("kind_s", {}).get(kind), spec.get("kind_s", {}).get(kind)
                 if None not in whole:
-                    r.setdefault("prediction_error_kind_call", {})[kind] = round(
-                        sum(preds) / len(preds) / (whole[0] / whole[1]) - 1, 3)
+                    r.setdefault("prediction_error_kind_call", {})[kind] = round(pred / (whole[0] / whole[1]) - 1, 3)
         r["saving_error_of_generation"] = None
         reported = r["saving"].get("measured_saving_s")
         if reported is not None:

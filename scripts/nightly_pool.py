@@ -29,7 +29,12 @@ import argparse
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_nightly import apart_reference, kind_ratio, mean_predicted, shards_of  # noqa: E402
 
 # bench_nightly.py's blocks, as its docs/benchmarks.md tables name them
 LETTERS = {"bare plain": "P", "bare spec": "S", "paired": "R", "auto": "A", "off": "O"}
@@ -48,27 +53,25 @@ def kind_ratios(run: dict, domains: dict[str, str]) -> dict[str, dict[str, float
     out: dict[str, dict[str, float]] = {}
     for ref, arms in sources.items():
         if arms["plain"] and arms["spec"]:
-            out[ref] = {}
-            for kind in sorted(set(domains.values())):
-                names = [n for n, d in domains.items() if d == kind]
-                out[ref][kind] = sum(arms["plain"][n] for n in names) / sum(arms["spec"][n] for n in names)
+            out[ref] = {kind: kind_ratio(arms, shards_of(domains, kind)) for kind in sorted(set(domains.values()))}
     if plain.get("kind_s") and spec.get("kind_s"):
         out["kind"] = {k: plain["kind_s"][k] / spec["kind_s"][k] for k in plain["kind_s"]}
     return out
 
 
-def predicted(r: dict, domains: dict[str, str], kind: str) -> float | None:
-    preds = [r["predicted"][n] for n, d in domains.items() if d == kind and r["predicted"].get(n) is not None]
-    return statistics.fmean(preds) if preds else None
+def saving_error(r: dict, reference: str) -> float | None:
+    """The report's measured saving less a side-by-side one (r[reference]: bare plain - auto, or
+    batchspec off - auto), as a share of auto's generation; None where no saving was measured."""
+    reported = r["saving"].get("measured_saving_s")
+    return None if reported is None else (reported - r[reference]) / r["generate_s"]
 
 
 def within_kind_spread(run: dict, domains: dict[str, str]) -> list[str]:
     """Per kind with several shards: the spread of their own apart ratios within this repetition."""
-    arms = run["paired"]["median"] if "paired" in run else {"plain": run["bare_plain"]["apart_s"],
-                                                             "spec": run["bare_spec"]["apart_s"]}
+    arms = apart_reference(run)
     out = []
     for kind in sorted(set(domains.values())):
-        names = [n for n, d in domains.items() if d == kind]
+        names = shards_of(domains, kind)
         if len(names) > 1:
             rs = [arms["plain"][n] / arms["spec"][n] for n in names]
             out.append(f"{kind} {min(rs):.2f}-{max(rs):.2f}")
@@ -92,11 +95,8 @@ def pool(files: list[str], engines: str) -> None:
               "| saving err. vs bare plain (first / rem.) | vs batchspec off (first / rem.) | same-kind shards' apart ratios |")
         print("|---|---|---|---|---|---|---|---|")
         for name, r in rs:
-            errs = []
-            for key in (first, again):
-                a, rep = r[key], r[key]["saving"].get("measured_saving_s")
-                errs.append(("-", "-") if rep is None else (f"{(rep - a['side_by_side_saving_s']) / a['generate_s']:+.1%}",
-                                                            f"{(rep - a['vs_batchspec_off_s']) / a['generate_s']:+.1%}"))
+            errs = [tuple("-" if (x := saving_error(r[key], ref)) is None else f"{x:+.1%}"
+                          for ref in ("side_by_side_saving_s", "vs_batchspec_off_s")) for key in (first, again)]
             off = r[f"batchspec_off{engines}"]["generate_s"] / r["bare_plain"]["generate_s"]
             print(f"| {name} {r['repeat']} | {''.join(LETTERS.get(b.split('+')[0], '?') for b in r.get('ran', []))} "
                   f"| {r[first]['vs_best_static']:.2f}x | {r[again]['vs_best_static']:.2f}x | {off:.2f}x "
@@ -105,8 +105,7 @@ def pool(files: list[str], engines: str) -> None:
             xs = [r[key]["vs_best_static"] for _, r in rs]
             print(f"\n{label}: within {goal}x in {sum(x <= goal for x in xs)} of {len(xs)}; median {statistics.median(xs):.3f}x")
         for key in (first, again):
-            errs = [(r[key]["saving"]["measured_saving_s"] - r[key]["side_by_side_saving_s"]) / r[key]["generate_s"]
-                    for _, r in rs if r[key]["saving"].get("measured_saving_s") is not None]
+            errs = [x for _, r in rs if (x := saving_error(r[key], "side_by_side_saving_s")) is not None]
             if errs:
                 print(f"{key} saving error of generation: within 5% in {sum(abs(e) <= 0.05 for e in errs)} of {len(errs)}, "
                       f"mean {statistics.fmean(errs):+.1%}" + (f", sd {statistics.stdev(errs):.1%}" if len(errs) > 1 else ""))
@@ -124,13 +123,12 @@ def pool(files: list[str], engines: str) -> None:
                     cells.append(f"{ref} {' '.join(f'{v:.2f}' for v in xs)} ({pooled[ref]:.2f})")
             preds = {}
             for key in (first, again):
-                xs = [p for _, r in rs if (p := predicted(r[key], domains, kind)) is not None]
+                xs = [p for _, r in rs if (p := mean_predicted(r[key], shards_of(domains, kind))) is not None]
                 preds[key] = (xs, gmean(xs) if xs else None)
             errors = ", ".join(f"{ref} {preds[first][1] / v - 1:+.0%} / {preds[again][1] / v - 1:+.0%}"
                                for ref, v in pooled.items() if preds[first][1] and preds[again][1])
-            spec = " ".join(f"{sum(r[first]['speculated'].get(n, False) for n, d in domains.items() if d == kind)}/"
-                            f"{sum(r[again]['speculated'].get(n, False) for n, d in domains.items() if d == kind)}"
-                            for _, r in rs)
+            spec = " ".join("/".join(str(sum(r[key]["speculated"].get(n, False) for n in shards_of(domains, kind)))
+                                     for key in (first, again)) for _, r in rs)
             pc = [f"{' '.join(f'{p:.2f}' for p in xs)} ({g:.2f})" if g else "-" for xs, g in preds.values()]
             print(f"| {kind} | {'; '.join(cells)} | {pc[0]} | {pc[1]} | {errors} | {spec} |")
 
