@@ -205,17 +205,21 @@ def measured_saving_text(r: dict) -> str | None:
     if r.get("measured_saving_s") is None:
         return None
     low, high = r["saving_interval_s"]
-    interval = f"95% interval {_tenths(low)} to {_tenths(high)} s"
+    interval = f"95% interval {_seconds(low)} to {_seconds(high)} s"
     if low <= 0 <= high:
-        return f"no measurable saving ({_tenths(r['measured_saving_s'])} s, {interval})"
+        return f"no measurable saving ({_seconds(r['measured_saving_s'])} s, {interval})"
     word = "saved" if low > 0 else "cost"
-    return f"speculation {word} {abs(r['measured_saving_s']):.1f} s ({interval}), measured in the run"
+    return f"speculation {word} {_seconds(abs(r['measured_saving_s']))} s ({interval}), measured in the run"
 
 
-def _tenths(seconds: float) -> str:
-    """Seconds to one decimal, without the "-0.0" of a bound just below zero."""
+def _seconds(seconds: float) -> str:
+    """Seconds to one decimal where that keeps the figure on its side of zero, else to two
+    significant digits: the wording above decides on the unrounded bounds, and a "saved" interval
+    of 0.04 to 0.3 s written "0.0 to 0.3 s" would read as one that spans zero."""
+    if seconds == 0:
+        return "0.0"
     text = f"{seconds:.1f}"
-    return "0.0" if text == "-0.0" else text
+    return text if float(text) != 0 and (float(text) > 0) == (seconds > 0) else f"{seconds:.2g}"
 
 
 def _saving_coverage(r: dict) -> str:

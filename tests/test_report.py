@@ -213,8 +213,13 @@ def test_a_measured_saving_is_reported_first_with_its_interval(tmp_path):
     assert "speculation cost 1.0 s (95% interval -1.5 to -0.5 s)" in to_text(lost)
     share = lost["measured_saving_s"] / (lost["actor_seconds"] + lost["measured_saving_s"])
     assert f"{-100 * share:.0f}% more time than plain decoding" in to_html(lost) and share < 0
-    near = job("near", [(0.02, -0.04, 0.08)])  # a bound just below zero prints as 0.0, not -0.0
-    assert "no measurable saving (0.0 s, 95% interval 0.0 to 0.1 s)" in to_text(near)
+    # Figures that one decimal would round to zero keep their side of it in the text.
+    near = job("near", [(0.02, -0.04, 0.08)])
+    assert "no measurable saving (0.02 s, 95% interval -0.04 to 0.1 s)" in to_text(near)
+    small = job("small", [(0.04, 0.004, 0.3)])
+    assert "speculation saved 0.04 s (95% interval 0.004 to 0.3 s)" in to_text(small)
+    exact = job("exact", [(0.0, 0.0, 0.0)])
+    assert "no measurable saving (0.0 s, 95% interval 0.0 to 0.0 s)" in to_text(exact)
 
 
 def test_a_shard_with_rows_both_ways_counts_as_speculating_and_as_plain(tmp_path):
