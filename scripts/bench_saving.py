@@ -1,0 +1,122 @@
+"""The report's measured saving against side-by-side runs, run next to each other: on the nightly
+job (scripts/bench_nightly.py's data, 8 shards, 2,400 rows), a first `batchspec submit` under
+`speculation.mode: auto` (nothing remembered), one under `mode: off`, and bare vLLM plain (one
+LLM.generate over every row, the project's engine_args), one after the other, the order turned
+each repetition, so each auto run's two references ran within a minute or two of it.
+
+    python scripts/bench_saving.py --concurrency 256 --repeats 5     # ~12 minutes here
+    python scripts/bench_saving.py --concurrency 64 --repeats 5
+
+An auto run's saving (its manifests' `saving`, summed: what the report shows first) is judged two
+ways, each as a share of the auto run's generation: against `off - auto`, batchspec's own plain
+decoding, which is what the run prices its rows against; and against `bare plain - auto`, the
+check issue 39 sets (within 5%). The gap between the two is batchspec's plain decoding against a
+bare script's (off / bare). Generation: the shards' actor seconds for batchspec, the timed call
+for bare. Greedy outputs are checked identical across the three.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_nightly  # noqa: E402
+from bench_vllm import batchspec, child_result  # noqa: E402
+
+BARE_PLAIN = r"""
+import json, os, sys, time
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+cfg = json.loads(open(sys.argv[1]).read())
+from vllm import LLM, SamplingParams
+llm = LLM(**cfg["engine"])
+params = SamplingParams(temperature=0.0, max_tokens=cfg["max_new_tokens"], stop=cfg["stop"] or None)
+every = [{"prompt_token_ids": ids} for rows in cfg["shards"].values() for ids in rows]
+llm.generate(every[:2], params, use_tqdm=False)  # warm-up
+t = time.perf_counter()
+outs = llm.generate(every, params, use_tqdm=False)
+print("RESULT" + json.dumps({"generate_s": time.perf_counter() - t, "completions": [o.outputs[0].text for o in outs]}))
+"""
+
+ARMS = ("auto", "off", "bare")
+
+
+def bare_plain(job: Path, shards: dict[str, list[list[int]]]) -> dict:
+    args, spec = bench_nightly.bare_args(job, False)
+    cfg = {"engine": args, "shards": shards, "max_new_tokens": spec.generation.max_new_tokens, "stop": spec.generation.stop}
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(cfg, f)
+        f.flush()
+        return child_result(BARE_PLAIN, f.name, what="bare vLLM plain")
+
+
+def one_arm(arm: str, job: Path, shards: dict, tmp: Path, tag: str) -> dict:
+    if arm == "bare":
+        res = bare_plain(job, shards)
+        return {"generate_s": res["generate_s"], "completions": res["completions"]}
+    out = tmp / f"out-{tag}"
+    if arm == "auto":  # a first run: its own empty policy memory
+        res = bench_nightly.auto(job, out, tmp / f"memory-{tag}")
+    else:
+        res = batchspec(job, "vllm", out, "speculation.mode=off")
+    got = {"generate_s": res["generate_s"], "by_id": res["by_id"]}
+    if arm == "auto":
+        got["saving"] = res["saving"]
+    return got
+
+
+def judge(rep: dict, order: list[str], per_shard: int) -> dict:
+    auto, off, bare = rep["auto"], rep["off"], rep["bare"]
+    gen, saving = auto["generate_s"], auto["saving"]["measured_saving_s"]
+    low, high = auto["saving"]["saving_interval_s"] or (None, None)
+    ids = [f"{n}-{j:04d}" for n in order for j in range(per_shard)]
+    return {"auto_s": gen, "off_s": off["generate_s"], "bare_s": bare["generate_s"], "saving_s": saving,
+            "interval_s": [low, high],
+            "error_vs_off": (saving - (off["generate_s"] - gen)) / gen if saving is not None else None,
+            "error_vs_bare": (saving - (bare["generate_s"] - gen)) / gen if saving is not None else None,
+            "covers_off": low is not None and low <= off["generate_s"] - gen <= high,
+            "off_over_bare": off["generate_s"] / bare["generate_s"],
+            "identical": [auto["by_id"].get(i) for i in ids] == bare["completions"] == [off["by_id"].get(i) for i in ids]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", type=int, default=256, help="max_num_seqs (256: vLLM's default)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rows", type=int, default=300, help="rows per shard (8 shards)")
+    ap.add_argument("--out", help="write every repetition's figures here (JSON)")
+    args = ap.parse_args()
+    tmp, job = bench_nightly.fresh_job("saving", args.rows, args.concurrency)
+    shards = bench_nightly.shard_prompts(job)
+    order = list(shards)
+    print(f"nightly job, {args.rows * len(order)} rows at max_num_seqs {args.concurrency}; 2 cores; error: (reported "
+          "saving - measured) / auto's generation")
+    print("| rep | order | auto s | off s | bare plain s | reported saving (95%) | vs off - auto | vs bare plain - auto "
+          "| off / bare | identical |\n|---|---|---|---|---|---|---|---|---|---|")
+    reps = []
+    for r in range(args.repeats):
+        turn = list(ARMS[r % 3:] + ARMS[:r % 3])
+        got = {arm: one_arm(arm, job, shards, tmp, f"{arm}{r}") for arm in turn}
+        j = {"order": turn, **judge(got, order, args.rows)}
+        reps.append(j)
+        low, high = j["interval_s"]
+        print(f"| {r + 1} | {', '.join(turn)} | {j['auto_s']:.2f} | {j['off_s']:.2f} | {j['bare_s']:.2f} | "
+              f"{j['saving_s']:+.2f} ({low:+.2f} to {high:+.2f}) | {100 * j['error_vs_off']:+.1f}% | "
+              f"{100 * j['error_vs_bare']:+.1f}% | {j['off_over_bare']:.3f} | {j['identical']} |", flush=True)
+    for ref in ("off", "bare"):
+        errors = [x[f"error_vs_{ref}"] for x in reps]
+        print(f"against {ref}: within 5% in {sum(abs(e) <= 0.05 for e in errors)} of {len(errors)}; median "
+              f"{100 * statistics.median(errors):+.1f}%, range {100 * min(errors):+.1f}% to {100 * max(errors):+.1f}%")
+    print(f"interval covers off - auto in {sum(x['covers_off'] for x in reps)} of {len(reps)}; off / bare plain median "
+          f"{statistics.median(x['off_over_bare'] for x in reps):.3f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"concurrency": args.concurrency, "repetitions": reps}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
