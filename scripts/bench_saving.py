@@ -6,6 +6,8 @@ each repetition, so each auto run's two references ran within a minute or two of
 
     python scripts/bench_saving.py --concurrency 256 --repeats 5     # ~12 minutes here
     python scripts/bench_saving.py --concurrency 64 --repeats 5
+    python scripts/bench_saving.py --remembered                       # and the job's next run, right after
+                                                                      # the first, from what it remembered
 
 An auto run's saving (its manifests' `saving`, summed: what the report shows first) is judged two
 ways, each as a share of the auto run's generation: against `off - auto`, batchspec's own plain
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -43,7 +46,7 @@ outs = llm.generate(every, params, use_tqdm=False)
 print("RESULT" + json.dumps({"generate_s": time.perf_counter() - t, "completions": [o.outputs[0].text for o in outs]}))
 """
 
-ARMS = ("auto", "off", "bare")
+ARMS = ("auto", "off", "bare")  # turned each repetition; with --remembered, auto is the first run then the next
 
 
 def bare_plain(job: Path, shards: dict[str, list[list[int]]]) -> dict:
@@ -56,22 +59,24 @@ def bare_plain(job: Path, shards: dict[str, list[list[int]]]) -> dict:
 
 
 def one_arm(arm: str, job: Path, shards: dict, tmp: Path, tag: str) -> dict:
+    """One run: bare plain, off, a first auto run (its own empty policy memory), or the next auto
+    run (`remembered`, from a copy of what this repetition's first run left)."""
     if arm == "bare":
         res = bare_plain(job, shards)
         return {"generate_s": res["generate_s"], "completions": res["completions"]}
-    out = tmp / f"out-{tag}"
-    if arm == "auto":  # a first run: its own empty policy memory
-        res = bench_nightly.auto(job, out, tmp / f"memory-{tag}")
-    else:
+    out = tmp / f"out-{arm}-{tag}"
+    if arm == "off":
         res = batchspec(job, "vllm", out, "speculation.mode=off")
-    got = {"generate_s": res["generate_s"], "by_id": res["by_id"]}
-    if arm == "auto":
-        got["saving"] = res["saving"]
-    return got
+        return {"generate_s": res["generate_s"], "by_id": res["by_id"]}
+    memory = tmp / f"memory-{arm}-{tag}"
+    if arm == "remembered":
+        shutil.copytree(tmp / f"memory-auto-{tag}", memory)
+    res = bench_nightly.auto(job, out, memory)
+    return {"generate_s": res["generate_s"], "by_id": res["by_id"], "saving": res["saving"]}
 
 
-def judge(rep: dict, order: list[str], per_shard: int) -> dict:
-    auto, off, bare = rep["auto"], rep["off"], rep["bare"]
+def judge(rep: dict, arm: str, order: list[str], per_shard: int) -> dict:
+    auto, off, bare = rep[arm], rep["off"], rep["bare"]
     gen, saving = auto["generate_s"], auto["saving"]["measured_saving_s"]
     low, high = auto["saving"]["saving_interval_s"] or (None, None)
     ids = [f"{n}-{j:04d}" for n in order for j in range(per_shard)]
@@ -89,6 +94,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=256, help="max_num_seqs (256: vLLM's default)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rows", type=int, default=300, help="rows per shard (8 shards)")
+    ap.add_argument("--remembered", action="store_true", help="also the job's next auto run, right after the first")
     ap.add_argument("--out", help="write every repetition's figures here (JSON)")
     args = ap.parse_args()
     tmp, job = bench_nightly.fresh_job("saving", args.rows, args.concurrency)
@@ -98,22 +104,27 @@ def main() -> None:
           "saving - measured) / auto's generation")
     print("| rep | order | auto s | off s | bare plain s | reported saving (95%) | vs off - auto | vs bare plain - auto "
           "| off / bare | identical |\n|---|---|---|---|---|---|---|---|---|---|")
-    reps = []
+    judged = ("auto", "remembered") if args.remembered else ("auto",)
+    reps: dict[str, list[dict]] = {arm: [] for arm in judged}
     for r in range(args.repeats):
         turn = list(ARMS[r % 3:] + ARMS[:r % 3])
-        got = {arm: one_arm(arm, job, shards, tmp, f"{arm}{r}") for arm in turn}
-        j = {"order": turn, **judge(got, order, args.rows)}
-        reps.append(j)
-        low, high = j["interval_s"]
-        print(f"| {r + 1} | {', '.join(turn)} | {j['auto_s']:.2f} | {j['off_s']:.2f} | {j['bare_s']:.2f} | "
-              f"{j['saving_s']:+.2f} ({low:+.2f} to {high:+.2f}) | {100 * j['error_vs_off']:+.1f}% | "
-              f"{100 * j['error_vs_bare']:+.1f}% | {j['off_over_bare']:.3f} | {j['identical']} |", flush=True)
-    for ref in ("off", "bare"):
-        errors = [x[f"error_vs_{ref}"] for x in reps]
-        print(f"against {ref}: within 5% in {sum(abs(e) <= 0.05 for e in errors)} of {len(errors)}; median "
-              f"{100 * statistics.median(errors):+.1f}%, range {100 * min(errors):+.1f}% to {100 * max(errors):+.1f}%")
-    print(f"interval covers off - auto in {sum(x['covers_off'] for x in reps)} of {len(reps)}; off / bare plain median "
-          f"{statistics.median(x['off_over_bare'] for x in reps):.3f}")
+        if args.remembered:
+            turn.insert(turn.index("auto") + 1, "remembered")
+        got = {arm: one_arm(arm, job, shards, tmp, str(r)) for arm in turn}
+        for arm in judged:
+            j = {"order": turn, **judge(got, arm, order, args.rows)}
+            reps[arm].append(j)
+            low, high = j["interval_s"]
+            print(f"| {r + 1}{'' if arm == 'auto' else ' ' + arm} | {', '.join(turn)} | {j['auto_s']:.2f} | {j['off_s']:.2f} "
+                  f"| {j['bare_s']:.2f} | {j['saving_s']:+.2f} ({low:+.2f} to {high:+.2f}) | {100 * j['error_vs_off']:+.1f}% "
+                  f"| {100 * j['error_vs_bare']:+.1f}% | {j['off_over_bare']:.3f} | {j['identical']} |", flush=True)
+    for arm in judged:
+        for ref in ("off", "bare"):
+            errors = [x[f"error_vs_{ref}"] for x in reps[arm]]
+            print(f"{arm} against {ref}: within 5% in {sum(abs(e) <= 0.05 for e in errors)} of {len(errors)}; median "
+                  f"{100 * statistics.median(errors):+.1f}%, range {100 * min(errors):+.1f}% to {100 * max(errors):+.1f}%")
+        print(f"{arm}: interval covers off - auto in {sum(x['covers_off'] for x in reps[arm])} of {len(reps[arm])}; "
+              f"off / bare plain median {statistics.median(x['off_over_bare'] for x in reps[arm]):.3f}")
     if args.out:
         Path(args.out).write_text(json.dumps({"concurrency": args.concurrency, "repetitions": reps}, indent=1))
 
