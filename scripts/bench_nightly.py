@@ -79,12 +79,12 @@ t = time.perf_counter()
 outs = llm.generate(every, params, use_tqdm=False)
 gen = time.perf_counter() - t
 apart = {}
-for name, rows in shards.items():
+for name, rows in (shards.items() if cfg["per_shard"] else ()):
     t = time.perf_counter()
     llm.generate(rows, params, use_tqdm=False)
     apart[name] = time.perf_counter() - t
 kinds = {}  # each kind's rows (legal-short's three shards, ...) in one call: the shape they run in within the job
-for name, rows in shards.items():
+for name, rows in (shards.items() if cfg["per_shard"] else ()):
     kinds.setdefault(name.rsplit("-", 1)[0], []).extend(rows)
 by_kind = {}
 for kind, rows in kinds.items():
@@ -209,10 +209,11 @@ def bare_args(job: Path, speculative: bool) -> tuple[dict, object]:
     return args, spec
 
 
-def bare(job: Path, shards: dict[str, list[list[int]]], speculative: bool) -> dict:
+def bare(job: Path, shards: dict[str, list[list[int]]], speculative: bool, per_shard: bool = True) -> dict:
+    """Bare vLLM over every row in one call; per_shard: then each shard and each kind in a call of its own."""
     args, spec = bare_args(job, speculative)
     cfg = {"engine": args, "shards": shards, "max_new_tokens": spec.generation.max_new_tokens,
-           "stop": spec.generation.stop}
+           "stop": spec.generation.stop, "per_shard": per_shard}
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
         json.dump(cfg, f)
         f.flush()
