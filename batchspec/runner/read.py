@@ -11,10 +11,10 @@ import string
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..errors import error_line
 from ..spec import JobSpec
+from .objects import parquet_file
 from .plan import Shard
 from .work import RowInput
 
@@ -39,8 +39,7 @@ def read_shard(shard: Shard, spec: JobSpec, columns: list[str] | None = None) ->
     columns = columns or needed_columns(spec)
     try:
         fs, path = fsspec.core.url_to_fs(shard.path, **spec.input.storage_options)
-        with fs.open(path, "rb") as fh:
-            pf = pq.ParquetFile(fh)
+        with parquet_file(fs, path) as pf:
             names = pf.schema_arrow.names
             missing = [c for c in columns if c not in names]
             if missing:
@@ -52,7 +51,7 @@ def read_shard(shard: Shard, spec: JobSpec, columns: list[str] | None = None) ->
                     groups.append(g)
                     first_row = cursor if first_row is None else first_row
                 cursor += n
-            # One thread: see OutputStore.read_part (a threaded read can abort the process at exit).
+            # One thread, as OutputStore.read_part (objects.parquet_file).
             table = (pf.read_row_groups(groups, columns=columns, use_threads=False) if groups
                      else pf.schema_arrow.empty_table().select(columns))
     except ShardReadError:

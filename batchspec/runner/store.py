@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .conditional import ConditionalFiles
+from .objects import parquet_file
 from .plan import safe_name
 
 if TYPE_CHECKING:
@@ -139,13 +140,10 @@ class OutputStore(ConditionalFiles):
 
     def read_part(self, shard: str, manifest: dict | None = None, columns: tuple[str, ...] | None = None) -> pa.Table:
         """The shard's part, or only `columns` of it (the others are not read)."""
-        # One thread, and ParquetFile rather than pq.read_table: decoding a Python file object in
-        # pyarrow's threads can leave a column reader to be freed on one of them while the
-        # interpreter shuts down, which aborts the process ("terminate called without an active
-        # exception", exit 134; pyarrow 26, apache/arrow#33975). read_table aborted a script 9 times
-        # in 10; threaded ParquetFile.read() 6 in 20 in a script that had imported torch.
-        with self.fs.open(self._part_of(shard, manifest), "rb") as f:
-            return pq.ParquetFile(f).read(columns=list(columns) if columns else None, use_threads=False)
+        # Opened by pyarrow where local, and one thread: a script that reads parts must not abort
+        # at its exit (objects.parquet_file). read_table on an fsspec file aborted 9 times in 10.
+        with parquet_file(self.fs, self._part_of(shard, manifest)) as pf:
+            return pf.read(columns=list(columns) if columns else None, use_threads=False)
 
 
 def part_names(store: OutputStore, manifests: dict[str, dict]) -> set[str]:
