@@ -52,6 +52,8 @@ def test_default_output_in_a_log_is_the_plan_progress_lines_and_one_summary(mode
     assert lines[1].endswith("1/3 shards, about " + lines[1].rsplit("about ", 1)[1]) and "3/3 shards" in lines[2]
     assert lines[3].startswith("done: 3 shard(s) run") and lines[3].endswith(f"output {tmp_path / 'job-out'}")
     assert len(lines) == 4, res.stderr  # no Ray banner, no worker lines, no loading bars, no wrapped summary
+    again = run_cli("rerun", str(job)).stderr.splitlines()  # nothing to run: no acceptance, and not "speculation off"
+    assert again[-1].startswith("done: 0 shard(s) run, 3 already done") and "acceptance n/a (nothing generated)" in again[-1]
     every = run_cli("submit", str(job), "--progress-every", "0", "--set", f"output.path={tmp_path / 'every'}")
     assert sorted(line.split(":")[0] for line in every.stderr.splitlines()[1:4]) == [
         f"shard prompts-000{i}" for i in range(3)]

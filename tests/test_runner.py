@@ -276,6 +276,34 @@ def test_output_inside_input_is_refused(models_dir, tmp_path):
         submit(spec)
 
 
+def test_input_no_shard_could_use_is_refused_before_ray_starts(models_dir, tmp_path, monkeypatch):
+    """A prompt column no file has, or files none of which can be read, would start Ray and load the
+    models only to fail every shard: refused at once, nothing written. Where some files are usable,
+    the others still fail alone as they run (test_bad_input_catalogue)."""
+    import batchspec.runner.job as job
+    from batchspec.runner.todo import input_problem
+
+    monkeypatch.setattr(job, "init_ray", lambda *a, **k: pytest.fail("Ray started for input no shard can use"))
+    write = local_writer(tmp_path / "in")
+    write("a-0000.parquet", pa.table({"text": ["one"], "doc_id": ["1"]}))
+    write("b-0000.parquet", pa.table({"text": ["two"], "doc_id": ["2"]}))
+    spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"))  # reads column "prompt"
+    with pytest.raises(JobRefused, match=r"no input file has every column the job reads: .*a-0000.parquet lacks "
+                                         r"'prompt' \(its columns: text, doc_id\) \(and 1 more file"):
+        submit(spec)
+    assert not (tmp_path / "out").exists()
+
+    write("c-0000.parquet", pa.table({"prompt": ["three"], "doc_id": ["3"]}))  # one usable file: a run goes ahead
+    _, _, todo, _ = prepare(spec)
+    assert input_problem(spec, todo) is None
+
+    for name in ("a-0000", "b-0000", "c-0000"):
+        (tmp_path / "in" / f"{name}.parquet").write_bytes(b"PAR1 not a footer")
+    with pytest.raises(JobRefused, match=r"no input file of the shards to run can be read: a-0000: unreadable "
+                                         r"Parquet file.*\(and 2 more shard"):
+        submit(spec)
+
+
 def test_shard_ids_stay_inside_the_output(tmp_path):
     store = OutputStore(str(tmp_path / "out"))
     assert store.part_path("../../etc/passwd").startswith(str(tmp_path / "out") + "/data/part-")

@@ -25,7 +25,7 @@ from .plan import Shard
 from .record import run_entry, status
 from .signals import ctrl_c_kept, sigterm_as_interrupt, sigterm_seen
 from .store import OutputStore, now_iso
-from .todo import prepare
+from .todo import input_problem, prepare
 
 log = logging.getLogger("batchspec.job")
 
@@ -46,7 +46,9 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
     if todo:
         from .preflight import local_path_problems
 
-        problems = local_path_problems(spec)  # at once; the rest on a thread while Ray starts
+        # At once: model paths, and input that no shard to run could use; the rest of the model
+        # checks on a thread while Ray starts.
+        problems = [*local_path_problems(spec), *filter(None, [input_problem(spec, todo)])]
         if problems:
             raise JobRefused("; ".join(problems))
     try:  # before anything is written: a bad model or an unreachable cluster leave the output as it was

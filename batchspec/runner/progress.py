@@ -87,7 +87,8 @@ class Progress:
         if not self.printing:
             return
         accepted = acceptance_rate(result.accepted_tokens, result.draft_tokens)
-        acc = f"{accepted:.2f}" if accepted is not None else "n/a (speculation off)"
+        acc = (f"{accepted:.2f}" if accepted is not None
+               else "n/a (speculation off)" if result.completion_tokens else "n/a (nothing generated)")
         self.console.print(
             f"{'done' if result.ok else 'FAILED'}: {len(result.done)} shard(s) run, {len(result.skipped)} already done, "
             f"{len(result.failed)} failed | {result.rows} rows ({result.error_rows} error rows) | "

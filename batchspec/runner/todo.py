@@ -62,6 +62,48 @@ def prepare(spec: JobSpec, force: bool = False,
     return store, shards, todo, manifests
 
 
+def input_problem(spec: JobSpec, todo: list[Shard]) -> str | None:
+    """Why none of the shards to run could run, found before Ray starts: every one's file unreadable
+    at plan time, or without a column the job reads (where only some are, those fail alone as they
+    run, as before). One footer is read (the first runnable shard's); every other file's only when
+    that one lacks a column. None when a run can go ahead."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import fsspec
+
+    from .objects import parquet_file
+    from .read import needed_columns
+
+    if not todo:
+        return None
+    files = list(dict.fromkeys(s.path for s in todo if not s.plan_error))
+    if not files:
+        more = f" (and {len(todo) - 1} more shard(s) alike)" if len(todo) > 1 else ""
+        return f"no input file of the shards to run can be read: {todo[0].shard}: {todo[0].plan_error}{more}"
+    needed = needed_columns(spec)
+
+    def lacking(path: str) -> tuple[list[str], list[str]] | None:
+        try:
+            fs, local = fsspec.core.url_to_fs(path, **spec.input.storage_options)
+            with parquet_file(fs, local) as pf:
+                names = pf.schema_arrow.names
+        except Exception:  # the run finds it out for that shard alone
+            return None
+        missing = [c for c in needed if c not in names]
+        return (missing, names) if missing else None
+
+    first = lacking(files[0])
+    if first is None:
+        return None
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        if not all(pool.map(lacking, files[1:])):
+            return None
+    more = f" (and {len(files) - 1} more file(s) alike)" if len(files) > 1 else ""
+    return (f"no input file has every column the job reads: {files[0]} lacks {', '.join(map(repr, first[0]))} "
+            f"(its columns: {', '.join(first[1])}){more}; set input.prompt_column, input.id_column or the "
+            f"template's fields to columns the files have (`batchspec validate` lists every problem)")
+
+
 def writable_problem(store: OutputStore) -> str | None:
     """Why nothing can be written at this output, found by trying (None when it can)."""
     if store.is_local:
