@@ -30,6 +30,7 @@ import csv
 import html
 import io
 import json
+import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -312,8 +313,13 @@ def _bars(title: str, labels: list[str], values: list[float], unit: str = "") ->
         width = 360 * v / top
         bars.append(f'<text x="0" y="{22 * i + 16}" font-size="12">{html.escape(label)}</text>'
                     f'<rect x="170" y="{22 * i + 4}" width="{width:.1f}" height="16" fill="#4a7bd0"/>'
-                    f'<text x="{175 + width:.1f}" y="{22 * i + 16}" font-size="12">{v:.3g}{unit}</text>')
+                    f'<text x="{175 + width:.1f}" y="{22 * i + 16}" font-size="12">{_figure(v)}{unit}</text>')
     return f'<h3>{html.escape(title)}</h3><svg width="620" height="{h}" role="img">{"".join(bars)}</svg>'
+
+
+def _figure(v: float) -> str:
+    """A bar's figure as a reader takes it in: 4,919 tokens/s, 23 rows, 0.245 s (not 4.92e+03)."""
+    return f"{v:,.0f}" if abs(v) >= 100 or float(v).is_integer() else f"{v:.3g}"
 
 
 def _histogram(title: str, values: pl.Series, bins: int = 10, lo: float | None = None, hi: float | None = None) -> str:
@@ -325,7 +331,8 @@ def _histogram(title: str, values: pl.Series, bins: int = 10, lo: float | None =
     hi = float(v.max()) if hi is None else hi
     width = (hi - lo) / bins or 1.0
     counts = np.bincount(np.clip(((v - lo) / width).astype(np.int64), 0, bins - 1), minlength=bins)
-    labels = [f"{lo + i * width:.2f} – {lo + (i + 1) * width:.2f}" for i in range(bins)]
+    places = min(max(2, 1 - math.floor(math.log10(width))), 8)  # enough that no two bin edges read alike
+    labels = [f"{lo + i * width:.{places}f} – {lo + (i + 1) * width:.{places}f}" for i in range(bins)]
     return _bars(title, labels, [float(c) for c in counts], " rows")
 
 

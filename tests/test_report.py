@@ -130,11 +130,15 @@ def test_report_histograms_count_every_value(tmp_path):
     """The HTML's histograms count in bins (numpy), not over a list of every row's value."""
     import polars as pl
 
-    from batchspec.report import _histogram
+    from batchspec.report import _bars, _histogram
 
     page = _histogram("t", pl.Series([0.0, 0.05, 0.5, 1.0, None]), bins=10, lo=0.0, hi=1.0)
     assert page.count(">2 rows<") == 1 and page.count(">1 rows<") == 2 and page.count(">0 rows<") == 7
     assert "no data" in _histogram("t", pl.Series([], dtype=pl.Float64))
+    # Row latencies 0.240-0.285 s: bins 0.0045 s wide read "0.2400 – 0.2445", not "0.24 – 0.24" twice.
+    narrow = _histogram("t", pl.Series([0.240, 0.285]), bins=10)
+    assert ">0.2400 – 0.2445<" in narrow and ">0.2805 – 0.2850<" in narrow
+    assert ">4,919 tokens/s<" in _bars("t", ["a"], [4918.8], " tokens/s")  # not 4.92e+03
 
 
 def test_price_flag_overrides_the_spec(tmp_path):
