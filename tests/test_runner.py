@@ -279,7 +279,8 @@ def test_output_inside_input_is_refused(models_dir, tmp_path):
 def test_input_no_shard_could_use_is_refused_before_ray_starts(models_dir, tmp_path, monkeypatch):
     """A prompt column no file has, or files none of which can be read, would start Ray and load the
     models only to fail every shard: refused at once, nothing written. Where some files are usable,
-    the others still fail alone as they run (test_bad_input_catalogue)."""
+    or some shards are done (a rerun), the others still fail alone as they run (test_bad_input_catalogue,
+    test_a_failed_shard_is_told_once_with_its_reason_and_quiet_still_tells_it)."""
     import batchspec.runner.job as job
     from batchspec.runner.todo import input_problem
 
@@ -294,8 +295,9 @@ def test_input_no_shard_could_use_is_refused_before_ray_starts(models_dir, tmp_p
     assert not (tmp_path / "out").exists()
 
     write("c-0000.parquet", pa.table({"prompt": ["three"], "doc_id": ["3"]}))  # one usable file: a run goes ahead
-    _, _, todo, _ = prepare(spec)
-    assert input_problem(spec, todo) is None
+    _, shards, todo, _ = prepare(spec)
+    assert input_problem(spec, shards, todo) is None
+    assert input_problem(spec, shards, todo[:2]) is None  # a rerun of the shards that failed: they fail again alone
 
     for name in ("a-0000", "b-0000", "c-0000"):
         (tmp_path / "in" / f"{name}.parquet").write_bytes(b"PAR1 not a footer")

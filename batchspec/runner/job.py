@@ -46,9 +46,9 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
     if todo:
         from .preflight import local_path_problems
 
-        # At once: model paths, and input that no shard to run could use; the rest of the model
+        # At once: model paths, and input that no shard of a new run could use; the rest of the model
         # checks on a thread while Ray starts.
-        problems = [*local_path_problems(spec), *filter(None, [input_problem(spec, todo)])]
+        problems = [*local_path_problems(spec), *filter(None, [input_problem(spec, shards, todo)])]
         if problems:
             raise JobRefused("; ".join(problems))
     try:  # before anything is written: a bad model or an unreachable cluster leave the output as it was

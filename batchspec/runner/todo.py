@@ -62,11 +62,12 @@ def prepare(spec: JobSpec, force: bool = False,
     return store, shards, todo, manifests
 
 
-def input_problem(spec: JobSpec, todo: list[Shard]) -> str | None:
-    """Why none of the shards to run could run, found before Ray starts: every one's file unreadable
-    at plan time, or without a column the job reads (where only some are, those fail alone as they
-    run, as before). One footer is read (the first runnable shard's); every other file's only when
-    that one lacks a column. None when a run can go ahead."""
+def input_problem(spec: JobSpec, shards: list[Shard], todo: list[Shard]) -> str | None:
+    """Why no shard of a job with none done could run, found before Ray starts: every file
+    unreadable at plan time, or without a column the job reads (a spec naming a column its input
+    lacks). Where only some are, or some shards are done (a rerun of the ones that failed), those
+    fail alone as they run, as before. One footer is read (the first runnable shard's); every other
+    file's only when that one lacks a column. None when a run can go ahead."""
     from concurrent.futures import ThreadPoolExecutor
 
     import fsspec
@@ -74,7 +75,7 @@ def input_problem(spec: JobSpec, todo: list[Shard]) -> str | None:
     from .objects import parquet_file
     from .read import needed_columns
 
-    if not todo:
+    if not todo or len(todo) < len(shards):
         return None
     files = list(dict.fromkeys(s.path for s in todo if not s.plan_error))
     if not files:
