@@ -265,7 +265,7 @@ def to_text(r: dict) -> str:
     lines = [
         f"{r['name']}: {r['shards_committed']} shard(s) committed"
         + (f", not committed (not counted): {', '.join(r['shards_not_committed'])}" if r["shards_not_committed"] else ""),
-        *([f"saving: {measured_saving_text(r)}"] if r.get("measured_saving_s") is not None else []),
+        f"saving: {_saving_text(r)}",  # first, as on the HTML page: measured (vllm) or estimated (hf)
         f"rows {r['rows']} ({r['error_rows']} error rows)  prompt tokens {r['prompt_tokens']}  completion tokens {r['completion_tokens']}",
         f"wall {r['wall_s']:.1f}s  actor-seconds {r['actor_seconds']:.1f}  {_fmt(r['tokens_per_s'], '.1f')} tok/s "
         f"({_fmt(r['tokens_per_actor_s'], '.1f')} per actor)",
@@ -273,8 +273,7 @@ def to_text(r: dict) -> str:
         + _startup_note(r, "; "),
         f"speculation: on for {r['spec_rows']} rows / {r['spec_shards']} shards, off for {r['plain_rows']} rows / "
         f"{r['plain_shards']} shards; acceptance {_fmt(r['acceptance_rate'], '.3f')} (p10 {_fmt(q['p10'])}, p50 "
-        f"{_fmt(q['p50'])}, p90 {_fmt(q['p90'])}), mean acceptance length {_fmt(r['mean_acceptance_length'])}, "
-        + _saving_text(r),
+        f"{_fmt(q['p50'])}, p90 {_fmt(q['p90'])}), mean acceptance length {_fmt(r['mean_acceptance_length'])}",
         f"ttft p50/p95/p99 {'/'.join(_fmt(r['ttft_s'].get(k), '.3f') for k in ('p50', 'p95', 'p99'))}s  "
         f"latency {'/'.join(_fmt(r['latency_s'].get(k), '.3f') for k in ('p50', 'p95', 'p99'))}s",
         "",
