@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import fsspec
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 
@@ -110,6 +111,13 @@ def parquet_file(fs, path: str) -> Iterator[pq.ParquetFile]:
     else:
         with fs.open(path, "rb") as fh:
             yield pq.ParquetFile(fh)
+
+
+def parquet_schema(url: str, storage_options: dict | None = None) -> pa.Schema:
+    """The Arrow schema of the Parquet file at `url` (its footer only), opened as parquet_file does."""
+    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    with parquet_file(fs, path) as pf:
+        return pf.schema_arrow
 
 
 def _protocols(fs) -> tuple:

@@ -70,9 +70,7 @@ def input_problem(spec: JobSpec, shards: list[Shard], todo: list[Shard]) -> str 
     file's only when that one lacks a column. None when a run can go ahead."""
     from concurrent.futures import ThreadPoolExecutor
 
-    import fsspec
-
-    from .objects import parquet_file
+    from .objects import parquet_schema
     from .read import needed_columns
 
     if not todo or len(todo) < len(shards):
@@ -85,9 +83,7 @@ def input_problem(spec: JobSpec, shards: list[Shard], todo: list[Shard]) -> str 
 
     def lacking(path: str) -> tuple[list[str], list[str]] | None:
         try:
-            fs, local = fsspec.core.url_to_fs(path, **spec.input.storage_options)
-            with parquet_file(fs, local) as pf:
-                names = pf.schema_arrow.names
+            names = parquet_schema(path, spec.input.storage_options).names
         except Exception:  # the run finds it out for that shard alone
             return None
         missing = [c for c in needed if c not in names]

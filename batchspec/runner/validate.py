@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import error_line
 from ..spec import JobSpec
+from .objects import parquet_schema
 from .plan import PlanError, Shard, plan_shards
 from .preflight import resolve_models
 
@@ -47,9 +48,6 @@ def _column_problem(field_type, fmt: str) -> str | None:
 
 
 def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
-    import fsspec
-    import pyarrow.parquet as pq
-
     from .job import JobRefused, pick_backend
     from .read import needed_columns
     from .todo import check_paths, prepare
@@ -70,9 +68,7 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
             continue
         if s.path in schemas:
             continue
-        fs, path = fsspec.core.url_to_fs(s.path, **spec.input.storage_options)
-        with fs.open(path, "rb") as fh:
-            schema = pq.ParquetFile(fh).schema_arrow
+        schema = parquet_schema(s.path, spec.input.storage_options)
         schemas[s.path] = schema
         for col in needed_columns(spec):
             if col not in schema.names:
