@@ -1089,7 +1089,11 @@ def test_with_a_plain_engine_the_look_times_each_arm_on_its_own_engine(tmp_path,
             assert look["at_row"] == 0 and plain_look["at_row"] == 8  # after the shard's 8 rows at k
             assert own["numbers"]["look_rows"] == 8 and own["numbers"]["clean_steps"] >= 2
             assert own["kind"] in ("on", "off", "cannot_pay")
-        assert set(runner.planner.steps.points) == {0, 4} and runner.planner.steps.prefill_row_token_s[1] > 0
+        # Both parts of a prompt token's price are learned; the draft's is the spec arm's price less the
+        # plain arm's, clipped at zero, and on the demo pair's small draft that difference can be noise
+        # of either sign (CI once measured it at or below zero), so only its sign is checked.
+        target_token_s, draft_token_s = runner.planner.steps.prefill_row_token_s
+        assert set(runner.planner.steps.points) == {0, 4} and target_token_s > 0 and draft_token_s >= 0
         # The plain look is a plain call of one wave (16 rows at 16): its time over its price is kept, but
         # it never scales the price of one plain call over the 48 rows, which would stream (48 at 16).
         assert runner.planner.steps.calls[(True, False)][0] > 0
