@@ -190,7 +190,9 @@ def submit(
     (and one for each failed shard); then a summary, whose time says how much of it was start-up ("of which
     start-up 14.5s (Ray 4.0s, engine load 10.1s)"; job.json keeps it per actor). Exit code 0 when
     every shard is committed, 1 when some failed (rerun them) or another run took the output
-    over (--force elsewhere: this run stops before its next shard), 2 on a usage error, 130 when
+    over (--force elsewhere: this run stops before its next shard), 2 on a usage error (also a
+    first run whose input no shard could read: every file unreadable, or none with a column the
+    job reads; refused before Ray starts, nothing written), 130 when
     interrupted (Ctrl-C) and 143 when terminated (SIGTERM, e.g. a scheduler's timeout); after
     either, rerun continues.
 
