@@ -202,25 +202,30 @@ NO_SAVING_COSTS = "no step costs were kept for the speculating shards"
 
 def measured_saving_text(r: dict) -> str | None:
     """The measured saving with its interval, or "no measurable saving" where the interval spans
-    zero; None when nothing was measured."""
+    zero; None when nothing was measured. A loss reads as a cost with its interval as costs
+    ("speculation cost 0.47 s (95% interval 0.15 to 0.53 s)"), not as negative savings beside a
+    positive cost."""
     if r.get("measured_saving_s") is None:
         return None
     low, high = r["saving_interval_s"]
-    interval = f"95% interval {_seconds(low)} to {_seconds(high)} s"
+    seconds = r["measured_saving_s"]
     if low <= 0 <= high:
-        return f"no measurable saving ({_seconds(r['measured_saving_s'])} s, {interval})"
-    word = "saved" if low > 0 else "cost"
-    return f"speculation {word} {_seconds(abs(r['measured_saving_s']))} s ({interval}), measured in the run"
+        return f"no measurable saving ({_seconds(seconds)} s, 95% interval {_seconds(low)} to {_seconds(high)} s)"
+    if low > 0:
+        return f"speculation saved {_seconds(seconds)} s (95% interval {_seconds(low)} to {_seconds(high)} s), measured in the run"
+    return f"speculation cost {_seconds(-seconds)} s (95% interval {_seconds(-high)} to {_seconds(-low)} s), measured in the run"
 
 
 def _seconds(seconds: float) -> str:
-    """Seconds to one decimal where that keeps the figure on its side of zero, else to two
-    significant digits: the wording above decides on the unrounded bounds, and a "saved" interval
-    of 0.04 to 0.3 s written "0.0 to 0.3 s" would read as one that spans zero."""
+    """Seconds to one decimal from 1 s up, to two significant digits below: the wording above
+    decides on the unrounded bounds, and a "saved" interval of 0.04 to 0.3 s written "0.0 to
+    0.3 s" would read as one that spans zero; a cost of 0.467 s in 0.152 to 0.526 s written
+    "0.5 s (0.2 to 0.5 s)" would sit on its own bound."""
     if seconds == 0:
         return "0.0"
-    text = f"{seconds:.1f}"
-    return text if float(text) != 0 and (float(text) > 0) == (seconds > 0) else f"{seconds:.2g}"
+    if abs(seconds) >= 1:
+        return f"{seconds:.1f}"
+    return f"{float(f'{seconds:.2g}'):.12f}".rstrip("0").rstrip(".")
 
 
 def _saving_coverage(r: dict) -> str:
@@ -231,6 +236,8 @@ def _saving_coverage(r: dict) -> str:
 
 
 def _saving_text(r: dict) -> str:
+    if not r["completion_tokens"]:
+        return "n/a (nothing generated)"
     measured = measured_saving_text(r)
     if measured is not None and r["measured_rows"] >= r["spec_rows"]:
         return measured
@@ -373,7 +380,7 @@ def _headline(r: dict) -> str:
                                             "tokens", _saving_coverage(r)) if x)
     q = r["acceptance_rate_quantiles"]
     return "<div class='cards'>" + "".join([
-        _card("Saving from speculation", "unknown" if saving is None else f"{saving:.1f} s", saving_note),
+        _card("Saving from speculation", _saving_value(r, saving), saving_note if r["completion_tokens"] else "nothing generated"),
         _card("Cost", f"${r['cost_usd']:.4f}", f"{actor_s / 3600:.4f} actor-hours at ${r['gpu_hour_usd']}/actor-hour"
               + _startup_note(r, "; ")),
         _card("Per million tokens", f"${_fmt(r['usd_per_million_tokens'], '.2f')}",
@@ -382,6 +389,12 @@ def _headline(r: dict) -> str:
               f"accepted / proposed draft tokens over {r['spec_rows']} speculating rows; per row p10 {_fmt(q['p10'])}, "
               f"p50 {_fmt(q['p50'])}, p90 {_fmt(q['p90'])}; {_fmt(r['mean_acceptance_length'])} tokens per target pass"),
     ]) + "</div>"
+
+
+def _saving_value(r: dict, saving: float | None) -> str:
+    if not r["completion_tokens"]:
+        return "n/a"
+    return "unknown" if saving is None else f"{_seconds(saving)} s"
 
 
 def _facts(r: dict) -> str:

@@ -188,6 +188,19 @@ def test_a_saving_without_measured_costs_is_unknown_not_zero(tmp_path):
         "estimated_saving_s"] is None
 
 
+def test_an_output_where_nothing_was_generated_has_no_saving_figure(tmp_path):
+    """Every shard failed (here: nothing committed): the saving is not a figure of 0.0 s, which
+    read as "speculation saved nothing" in the text ("estimated saving 0.0s vs plain") and HTML."""
+    store = OutputStore(str(tmp_path / "out"))
+    store.write_manifest("a", {"shard": "a", "status": "failed", "error": "VLLMValidationError: temperature ..."})
+    store.write_job({"name": "failed", "spec": {"cost": {"gpu_hour_usd": 3.6}}, "runs": [{"wall_s": 15.0}],
+                     "shards": ["a"]})
+    r = build_report(str(tmp_path / "out"))
+    assert r["completion_tokens"] == 0 and r["shards_not_committed"] == ["a"]
+    assert to_text(r).splitlines()[1] == "saving: n/a (nothing generated)"
+    assert ">n/a</div>" in to_html(r) and "0.0 s" not in to_html(r)
+
+
 def test_a_measured_saving_is_reported_first_with_its_interval(tmp_path):
     """vllm shards carry what speculation saved, measured in the run (manifest "saving"): the
     report sums the shards' seconds and their 95% bounds, says "no measurable saving" when the
@@ -215,12 +228,17 @@ def test_a_measured_saving_is_reported_first_with_its_interval(tmp_path):
     tie = job("tie", [(0.3, -0.4, 1.0)])
     assert "no measurable saving (0.3 s, 95% interval -0.4 to 1.0 s)" in to_text(tie)
     lost = job("lost", [(-1.0, -1.5, -0.5)])
-    assert "speculation cost 1.0 s (95% interval -1.5 to -0.5 s)" in to_text(lost)
+    assert "speculation cost 1.0 s (95% interval 0.5 to 1.5 s)" in to_text(lost)  # a cost, its interval as costs
     share = lost["measured_saving_s"] / (lost["actor_seconds"] + lost["measured_saving_s"])
     assert f"{-100 * share:.0f}% more time than plain decoding" in to_html(lost) and share < 0
     # Figures that one decimal would round to zero keep their side of it in the text.
     near = job("near", [(0.02, -0.04, 0.08)])
-    assert "no measurable saving (0.02 s, 95% interval -0.04 to 0.1 s)" in to_text(near)
+    assert "no measurable saving (0.02 s, 95% interval -0.04 to 0.08 s)" in to_text(near)
+    # Under a second, two significant digits: one decimal put the demo's cost of 0.467 s on its own
+    # bound ("cost 0.5 s (95% interval -0.5 to -0.2 s)").
+    sampled = job("sampled", [(-0.4672, -0.5262, -0.1523)])
+    assert "speculation cost 0.47 s (95% interval 0.15 to 0.53 s)" in to_text(sampled)
+    assert ">-0.47 s</div>" in to_html(sampled)
     small = job("small", [(0.04, 0.004, 0.3)])
     assert "speculation saved 0.04 s (95% interval 0.004 to 0.3 s)" in to_text(small)
     exact = job("exact", [(0.0, 0.0, 0.0)])
