@@ -94,7 +94,8 @@ class ModelSpec(_Strict):
 
 class GenerationSpec(_Strict):
     max_new_tokens: int = Field(256, ge=1, description="Most tokens generated per row (a row also stops at EOS or a stop string).")
-    temperature: float = Field(0.0, ge=0.0, description="0 = greedy (speculative output identical to plain decoding).")
+    temperature: float = Field(0.0, ge=0.0, le=2.0, description="0 = greedy (speculative output identical to plain "
+                               "decoding); at most 2, vLLM's limit, on both backends.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling; 1 = off.")
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 = off.")
     stop: list[str] = Field(default_factory=list, description="Stop strings; the completion ends before the first one.")

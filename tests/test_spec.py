@@ -54,6 +54,10 @@ def test_bad_values_are_explained():
         spec_from_dict({**BASE, "speculation": {"mode": "sometimes"}})
     with pytest.raises(SpecError, match="draft kind 'model' needs draft.path"):
         spec_from_dict({**BASE, "model": {"target": "m", "draft": {"kind": "model"}}})
+    # vLLM refuses a temperature above 2 per request: refused here, before Ray and the engine load,
+    # not as every shard failing after it (a demo run with temperature 3.0 did).
+    with pytest.raises(SpecError, match="generation.temperature: Input should be less than or equal to 2"):
+        spec_from_dict({**BASE, "generation": {"temperature": 3.0}})
 
 
 def test_yaml_is_loaded_safely(tmp_path):
