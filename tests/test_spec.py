@@ -173,6 +173,19 @@ def test_help_does_not_import_torch_or_ray():
     assert out.strip().endswith("False False")
 
 
+def test_version_names_the_engines_without_importing_them():
+    import subprocess
+    import sys
+
+    from batchspec import __version__
+
+    code = "import sys, batchspec.cli as c; sys.argv=['batchspec','--version']\ntry:\n c.main()\nexcept SystemExit: pass\n" \
+           "print('torch' in sys.modules, 'ray' in sys.modules, 'vllm' in sys.modules)"
+    first, last = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert first.startswith(f"batchspec {__version__} (python ") and "torch 2." in first and "ray 2." in first
+    assert last == "False False False"
+
+
 def test_job_spec_doc_lists_every_field():
     from batchspec.schemas import job_spec_reference
 
