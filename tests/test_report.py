@@ -332,14 +332,15 @@ def test_log_lines_carry_batchspec_ids_only(capfd):
     for fmt in ("text", "json"):
         configure(fmt)
         log.info("plain", extra={"other_library_field": "x"})
-        log_event(log, "shard done", job="j1", shard="s1", rows=3)
+        log_event(log, "shard done", job="j1", shard="s1", rows=3, attempts=None)
         plain, done = capfd.readouterr().err.splitlines()
         assert "other_library_field" not in plain + done and "vllm_process_name" not in plain + done
         if fmt == "json":
             assert {k: v for k, v in json.loads(done).items() if k in ("job", "shard", "rows")} == \
                 {"job": "j1", "shard": "s1", "rows": 3}
+            assert json.loads(done)["attempts"] is None  # a pipeline's key stays, as null
         else:
-            assert done.endswith("shard done job=j1 shard=s1 rows=3")
+            assert done.endswith("shard done job=j1 shard=s1 rows=3")  # no "attempts=None" in text
     configure("text")
 
 

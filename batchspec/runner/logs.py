@@ -41,7 +41,7 @@ class JsonFormatter(logging.Formatter):
 
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        extra = " ".join(f"{k}={v}" for k, v in _ids(record).items())
+        extra = " ".join(f"{k}={v}" for k, v in _ids(record).items() if v is not None)  # json keeps nulls
         base = f"{time.strftime('%H:%M:%S', time.localtime(record.created))} {record.levelname:<7} {record.getMessage()}"
         return f"{base} {extra}".rstrip()
 
