@@ -238,6 +238,8 @@ def _saving_coverage(r: dict) -> str:
 def _saving_text(r: dict) -> str:
     if not r["completion_tokens"]:
         return "n/a (nothing generated)"
+    if not r["spec_rows"]:
+        return "none (no row speculated)"
     measured = measured_saving_text(r)
     if measured is not None and r["measured_rows"] >= r["spec_rows"]:
         return measured
@@ -380,7 +382,7 @@ def _headline(r: dict) -> str:
                                             "tokens", _saving_coverage(r)) if x)
     q = r["acceptance_rate_quantiles"]
     return "<div class='cards'>" + "".join([
-        _card("Saving from speculation", _saving_value(r, saving), saving_note if r["completion_tokens"] else "nothing generated"),
+        _card("Saving from speculation", _saving_value(r, saving), _saving_text(r) if not r["spec_rows"] else saving_note),
         _card("Cost", f"${r['cost_usd']:.4f}", f"{actor_s / 3600:.4f} actor-hours at ${r['gpu_hour_usd']}/actor-hour"
               + _startup_note(r, "; ")),
         _card("Per million tokens", f"${_fmt(r['usd_per_million_tokens'], '.2f')}",
@@ -394,6 +396,8 @@ def _headline(r: dict) -> str:
 def _saving_value(r: dict, saving: float | None) -> str:
     if not r["completion_tokens"]:
         return "n/a"
+    if not r["spec_rows"]:
+        return "none"
     return "unknown" if saving is None else f"{_seconds(saving)} s"
 
 
@@ -475,13 +479,38 @@ def compare(a: dict, b: dict) -> dict:
     for key in COMPARED:
         va, vb = a.get(key), b.get(key)
         out[key] = {"a": va, "b": vb, "ratio": (vb / va) if isinstance(va, (int, float)) and va and vb is not None else None}
-    return {"a": a["output"], "b": b["output"], "figures": out}
+    return {"a": a["output"], "b": b["output"], "figures": out,
+            "saving": {"a": _saving_text(a), "b": _saving_text(b)}, "side_by_side": side_by_side(a, b)}
+
+
+def side_by_side(a: dict, b: dict) -> dict | None:
+    """Where one run speculated and the other generated the same rows and tokens without (the same
+    job with --set speculation.mode=off into another output): the plain run's actor-seconds less
+    the speculating run's, which is what the speculating run's own saving figure claims. One pair
+    of runs: on a shared machine that difference moves by several percent of either run
+    (docs/benchmarks.md). None for any other pair (both or neither speculated, other rows, or
+    other completions, as sampling gives)."""
+    spec, plain = (a, b) if a["spec_rows"] else (b, a)
+    if not spec["spec_rows"] or plain["spec_rows"] or not plain["completion_tokens"] or \
+            (a["rows"], a["completion_tokens"]) != (b["rows"], b["completion_tokens"]):
+        return None
+    return {"speculating": "A" if spec is a else "B", "plain": "A" if plain is a else "B",
+            "plain_minus_speculating_actor_s": plain["actor_seconds"] - spec["actor_seconds"],
+            "speculating_run_says": _saving_text(spec)}
 
 
 def compare_text(c: dict) -> str:
     lines = [f"A = {c['a']}\nB = {c['b']}", f"{'figure':<26}{'A':>14}{'B':>14}{'B/A':>8}"]
     for key, v in c["figures"].items():
         lines.append(f"{key:<26}{_fmt(v['a'], '.4g'):>14}{_fmt(v['b'], '.4g'):>14}{_fmt(v['ratio'], '.3f'):>8}")
+    lines += ["", f"saving in A: {c['saving']['a']}", f"saving in B: {c['saving']['b']}"]
+    if (pair := c.get("side_by_side")) is not None:
+        diff = pair["plain_minus_speculating_actor_s"]
+        rows = c["figures"]["rows"]["a"]
+        lines.append(f"side by side: {pair['plain']} (plain) took {_seconds(abs(diff))} s {'more' if diff >= 0 else 'less'} "
+                     f"actor time than {pair['speculating']} (speculating) on the same {rows} rows; "
+                     f"{pair['speculating']} says: {pair['speculating_run_says']} (one pair of runs: on a shared "
+                     "machine their difference moves by several percent of either)")
     return "\n".join(lines)
 
 

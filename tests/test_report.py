@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from batchspec.cli import app
-from batchspec.report import build_report, compare, to_html, to_text
+from batchspec.report import build_report, compare, compare_text, to_html, to_text
 from batchspec.runner.schema import OUTPUT_SCHEMA
 from batchspec.runner.store import OutputStore
 
@@ -288,6 +288,35 @@ def test_compare_two_runs(tmp_path):
     assert c["figures"]["startup_cost_usd"] == {"a": 0.0, "b": 0.0, "ratio": None}  # runs that recorded none
     res = CliRunner().invoke(app, ["report", str(tmp_path / "a"), "--compare", str(tmp_path / "b")])
     assert res.exit_code == 0 and "B/A" in res.stdout
+
+
+def test_compare_puts_a_speculating_runs_saving_beside_a_plain_run_of_the_same_rows(tmp_path):
+    """auto against the same job under mode=off: the plain run's actor-seconds less the speculating
+    run's, next to what the speculating run says it saved; no such line for any other pair."""
+    def job(name, spec, total_s, saving=None):
+        store = OutputStore(str(tmp_path / name))
+        rows = [row("s", i, 10, 8 if spec else 0, 6 if spec else 0, 4 if spec else 0, spec=spec, k=4 if spec else None)
+                for i in range(2)]
+        part = store.write_part("s", pa.Table.from_pylist(rows, schema=OUTPUT_SCHEMA))
+        store.write_manifest("s", {"shard": "s", "status": "done", "part": part["part"], "rows_out": 2,
+                                   "timings": {"total_s": total_s}, "costs": None, "attempts": 1, "decisions": [],
+                                   **({"saving": saving} if saving else {})})
+        store.write_job({"name": name, "spec": {"cost": {"gpu_hour_usd": 3.6}}, "runs": [{"wall_s": 9.0}], "shards": ["s"]})
+        return build_report(str(tmp_path / name))
+
+    auto = job("auto", True, 5.0, {"seconds": 1.0, "low": 0.5, "high": 1.5, "rows": 2, "steps": 8, "basis": "..."})
+    off = job("off", False, 6.2)
+    c = compare(auto, off)
+    assert c["side_by_side"]["plain_minus_speculating_actor_s"] == pytest.approx(1.2)
+    assert c["saving"]["b"] == "none (no row speculated)"
+    text = compare_text(c)
+    assert ("side by side: B (plain) took 1.2 s more actor time than A (speculating) on the same 2 rows; "
+            "A says: speculation saved 1.0 s (95% interval 0.5 to 1.5 s), measured in the run") in text
+    assert "side by side: A (plain) took 1.2 s more" in compare_text(compare(off, auto))  # either order
+    assert compare(auto, auto)["side_by_side"] is None and "side by side" not in compare_text(compare(off, off))
+    fewer = job("fewer", False, 3.0)
+    fewer["completion_tokens"] -= 1  # other completions (sampling): not the same work, no line
+    assert compare(auto, fewer)["side_by_side"] is None
 
 
 def test_log_records_carry_ids_and_no_prompt_text(models_dir, tmp_path, capfd):
