@@ -456,6 +456,19 @@ def test_progress_in_a_log_is_a_line_a_while_not_a_line_a_shard():
     assert "failed (bad input)" in quiet[1] and quiet[2].endswith("100/100 shards, about 0s left")
     assert len(run(0)) == 100  # every shard when asked
 
+    # Time left is priced from when the first finished shard started, not from the job's start
+    # (start-up is paid once): 1 of 4 shards done 2 s after it started, 60 s into the job: about 6 s.
+    from datetime import UTC, datetime, timedelta
+
+    out = io.StringIO()
+    p = Progress(stream=out, every_s=3600)
+    p.planned(list(range(4)), list(range(4)))
+    p.t0 -= 60
+    started = (datetime.now(UTC) - timedelta(seconds=2)).isoformat(timespec="seconds")
+    p.shard_done({"shard": "s0", "status": "done", "rows_out": 2, "tokens": {}, "started_at": started})
+    left = float(out.getvalue().splitlines()[-1].rsplit("about ", 1)[1].split("s left")[0])
+    assert 5 <= left <= 12, out.getvalue()
+
 
 def test_status_of_many_shards_lists_only_those_not_done():
     import io
