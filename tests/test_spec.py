@@ -99,6 +99,11 @@ def test_validate_ok(models_dir, tmp_path):
     res = CliRunner().invoke(app, ["validate", str(_job(tmp_path, models_dir))])
     assert res.exit_code == 0, res.output
     assert "prompts-0001" in res.output and "ok" in res.output
+    assert "no input.id_column" not in res.output
+    # Without an id column: what ids rows get, and the input's own id column named.
+    res = CliRunner().invoke(app, ["validate", str(_job(tmp_path, models_dir, input__id_column=None))])
+    assert res.exit_code == 0 and "no input.id_column: each row's id is '<shard>:<row_index>'" in res.output
+    assert "--set input.id_column=doc_id would use it" in res.output
 
 
 def test_validate_catches_missing_column_and_bad_type(models_dir, tmp_path):

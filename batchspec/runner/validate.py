@@ -82,6 +82,8 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
         v.notes.append(f"input files have {len(distinct)} different schemas; only the job's columns are read")
     if spec.input.id_column and not v.problems:
         v.notes.extend(_repeated_ids(v.shards, spec))
+    elif not spec.input.id_column and schemas:
+        v.notes.append(_no_id_column(next(iter(schemas.values())).names))
     backend = None
     try:
         backend, why = pick_backend(spec)
@@ -99,6 +101,15 @@ def validate_job(spec: JobSpec, check_model: bool = True) -> Validation:
         except Exception as e:  # output store unreachable
             v.problems.append(f"output {spec.output.path}: {error_line(e)}")
     return v
+
+
+def _no_id_column(names: list[str]) -> str:
+    """What ids rows get without input.id_column, and the input's own id-like columns, if any."""
+    own = [n for n in names if n.lower() in ("id", "uid", "uuid", "key") or n.lower().endswith("_id")]
+    hint = (f"; the input has {', '.join(repr(n) for n in own)}: --set input.id_column={own[0]} would use it" if own
+            else "; set input.id_column to carry your own")
+    return ("no input.id_column: each row's id is '<shard>:<row_index>', stable while the input files keep their "
+            f"names, rows and order{hint}")
 
 
 def _repeated_ids(shards: list[Shard], spec: JobSpec) -> list[str]:
