@@ -382,7 +382,7 @@ def _headline(r: dict) -> str:
                                             "tokens", _saving_coverage(r)) if x)
     q = r["acceptance_rate_quantiles"]
     return "<div class='cards'>" + "".join([
-        _card("Saving from speculation", _saving_value(r, saving), _saving_text(r) if not r["spec_rows"] else saving_note),
+        _card("Saving from speculation", _saving_value(r, saving), _saving_note(r, saving_note)),
         _card("Cost", f"${r['cost_usd']:.4f}", f"{actor_s / 3600:.4f} actor-hours at ${r['gpu_hour_usd']}/actor-hour"
               + _startup_note(r, "; ")),
         _card("Per million tokens", f"${_fmt(r['usd_per_million_tokens'], '.2f')}",
@@ -391,6 +391,12 @@ def _headline(r: dict) -> str:
               f"accepted / proposed draft tokens over {r['spec_rows']} speculating rows; per row p10 {_fmt(q['p10'])}, "
               f"p50 {_fmt(q['p50'])}, p90 {_fmt(q['p90'])}; {_fmt(r['mean_acceptance_length'])} tokens per target pass"),
     ]) + "</div>"
+
+
+def _saving_note(r: dict, note: str) -> str:
+    if not r["completion_tokens"]:
+        return "nothing generated"
+    return "no row speculated: every shard ran plain" if not r["spec_rows"] else note
 
 
 def _saving_value(r: dict, saving: float | None) -> str:

@@ -309,6 +309,7 @@ def test_compare_puts_a_speculating_runs_saving_beside_a_plain_run_of_the_same_r
     c = compare(auto, off)
     assert c["side_by_side"]["plain_minus_speculating_actor_s"] == pytest.approx(1.2)
     assert c["saving"]["b"] == "none (no row speculated)"
+    assert ">none</div>" in to_html(off) and "no row speculated: every shard ran plain" in to_html(off)
     text = compare_text(c)
     assert ("side by side: B (plain) took 1.2 s more actor time than A (speculating) on the same 2 rows; "
             "A says: speculation saved 1.0 s (95% interval 0.5 to 1.5 s), measured in the run") in text
