@@ -246,7 +246,9 @@ def _saving_text(r: dict) -> str:
     if r["estimated_saving_s"] is None:
         return f"estimated saving unknown ({NO_SAVING_COSTS})"
     coverage = _saving_coverage(r)
-    return f"estimated saving {r['estimated_saving_s']:.1f}s vs plain" + (f" ({coverage})" if coverage else "")
+    seconds = r["estimated_saving_s"]
+    figure = f"saving {_seconds(seconds)} s" if seconds >= 0 else f"cost {_seconds(-seconds)} s"
+    return f"estimated {figure} vs plain" + (f" ({coverage})" if coverage else "")
 
 
 def _rate(tokens: int, shards: pl.DataFrame, latency_col: str, rows: int) -> float | None:

@@ -172,7 +172,9 @@ def test_a_saving_without_measured_costs_is_unknown_not_zero(tmp_path):
     r = build_report(str(tmp_path / "out"))
     assert r["estimated_saving_s"] == pytest.approx(0.5) and (r["saving_rows"], r["spec_rows"]) == (2, 4)
     # The saving is the text's second line, as the HTML's first card, estimated (hf) as measured (vllm).
-    assert to_text(r).splitlines()[1].startswith("saving: estimated saving 0.5s vs plain (over 2 of 4 speculating rows")
+    assert to_text(r).splitlines()[1].startswith("saving: estimated saving 0.5 s vs plain (over 2 of 4 speculating rows")
+    r["estimated_saving_s"] = -0.234  # a loss reads as a cost, as a measured one does
+    assert to_text(r).splitlines()[1].startswith("saving: estimated cost 0.23 s vs plain")
 
     only_d = OutputStore(str(tmp_path / "only-d"))
     part = only_d.write_part("d", pa.Table.from_pylist(d, schema=OUTPUT_SCHEMA))
