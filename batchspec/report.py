@@ -209,11 +209,15 @@ def measured_saving_text(r: dict) -> str | None:
         return None
     low, high = r["saving_interval_s"]
     seconds = r["measured_saving_s"]
+
+    def interval(lo: float, hi: float) -> str:
+        return f"95% interval {_seconds(lo)} to {_seconds(hi)} s"
+
     if low <= 0 <= high:
-        return f"no measurable saving ({_seconds(seconds)} s, 95% interval {_seconds(low)} to {_seconds(high)} s)"
+        return f"no measurable saving ({_seconds(seconds)} s, {interval(low, high)})"
     if low > 0:
-        return f"speculation saved {_seconds(seconds)} s (95% interval {_seconds(low)} to {_seconds(high)} s), measured in the run"
-    return f"speculation cost {_seconds(-seconds)} s (95% interval {_seconds(-high)} to {_seconds(-low)} s), measured in the run"
+        return f"speculation saved {_seconds(seconds)} s ({interval(low, high)}), measured in the run"
+    return f"speculation cost {_seconds(-seconds)} s ({interval(-high, -low)}), measured in the run"
 
 
 def _seconds(seconds: float) -> str:
@@ -235,11 +239,18 @@ def _saving_coverage(r: dict) -> str:
     return f"over {r['saving_rows']} of {r['spec_rows']} speculating rows; the others' shards kept no step costs"
 
 
-def _saving_text(r: dict) -> str:
+def _no_saving(r: dict) -> tuple[str, str, str] | None:
+    """Where a run has no saving to show: (the word, why, the HTML card's note). None otherwise."""
     if not r["completion_tokens"]:
-        return "n/a (nothing generated)"
+        return "n/a", "nothing generated", "nothing generated"
     if not r["spec_rows"]:
-        return "none (no row speculated)"
+        return "none", "no row speculated", "no row speculated: every shard ran plain"
+    return None
+
+
+def _saving_text(r: dict) -> str:
+    if (none := _no_saving(r)) is not None:
+        return f"{none[0]} ({none[1]})"
     measured = measured_saving_text(r)
     if measured is not None and r["measured_rows"] >= r["spec_rows"]:
         return measured
@@ -382,9 +393,11 @@ def _headline(r: dict) -> str:
         saving_note = "; ".join(x for x in (share, "estimated vs plain decoding of the same rows, from each actor's "
                                             "measured draft and verify costs and the rows' accepted and proposed "
                                             "tokens", _saving_coverage(r)) if x)
+    none = _no_saving(r)
+    value, note = (none[0], none[2]) if none else ("unknown" if saving is None else f"{_seconds(saving)} s", saving_note)
     q = r["acceptance_rate_quantiles"]
     return "<div class='cards'>" + "".join([
-        _card("Saving from speculation", _saving_value(r, saving), _saving_note(r, saving_note)),
+        _card("Saving from speculation", value, note),
         _card("Cost", f"${r['cost_usd']:.4f}", f"{actor_s / 3600:.4f} actor-hours at ${r['gpu_hour_usd']}/actor-hour"
               + _startup_note(r, "; ")),
         _card("Per million tokens", f"${_fmt(r['usd_per_million_tokens'], '.2f')}",
@@ -393,20 +406,6 @@ def _headline(r: dict) -> str:
               f"accepted / proposed draft tokens over {r['spec_rows']} speculating rows; per row p10 {_fmt(q['p10'])}, "
               f"p50 {_fmt(q['p50'])}, p90 {_fmt(q['p90'])}; {_fmt(r['mean_acceptance_length'])} tokens per target pass"),
     ]) + "</div>"
-
-
-def _saving_note(r: dict, note: str) -> str:
-    if not r["completion_tokens"]:
-        return "nothing generated"
-    return "no row speculated: every shard ran plain" if not r["spec_rows"] else note
-
-
-def _saving_value(r: dict, saving: float | None) -> str:
-    if not r["completion_tokens"]:
-        return "n/a"
-    if not r["spec_rows"]:
-        return "none"
-    return "unknown" if saving is None else f"{_seconds(saving)} s"
 
 
 def _facts(r: dict) -> str:
