@@ -373,7 +373,8 @@ def report(
     gpu_hour_usd: float | None = typer.Option(None, help="Price of an actor-hour (default: the job's cost.gpu_hour_usd)."),
     fmt: str = typer.Option("table", "--format", help="table, json, csv or html."),
     out: str | None = typer.Option(None, help="Write to this file instead of stdout."),
-    compare_to: str | None = typer.Option(None, "--compare", help="Another output to compare with (B/A ratios)."),
+    compare_to: str | None = typer.Option(None, "--compare", help="Another output to compare with: B/A ratios, each run's saving, and an "
+                                           "auto run's saving beside a mode=off run of the same rows (docs/reports.md)."),
     storage_option: list[str] = typer.Option([], "--storage-option", help="fsspec option, e.g. endpoint_url=http://..."),
 ) -> None:
     """Cost, acceptance and latency of a run, from committed shards only. The cost is the shards'
