@@ -35,9 +35,9 @@ def write_job(models_dir, tmp_path, name="job", shards=3, rows=4, max_new=8, **m
     return path
 
 
-def run_cli(*args, timeout=300) -> subprocess.CompletedProcess:
+def run_cli(*args, timeout=300, cwd=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "60"}  # a narrow terminal width must not wrap lines into a file
-    return subprocess.run([BATCHSPEC, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run([BATCHSPEC, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
 
 def test_default_output_in_a_log_is_the_plan_progress_lines_and_one_summary(models_dir, tmp_path):
@@ -57,6 +57,32 @@ def test_default_output_in_a_log_is_the_plan_progress_lines_and_one_summary(mode
     every = run_cli("submit", str(job), "--progress-every", "0", "--set", f"output.path={tmp_path / 'every'}")
     assert sorted(line.split(":")[0] for line in every.stderr.splitlines()[1:4]) == [
         f"shard prompts-000{i}" for i in range(3)]
+
+
+def test_a_batchspec_folder_in_the_working_directory_does_not_reach_the_actors(models_dir, tmp_path):
+    """Ray puts the driver's working directory first on its workers' sys.path: run from the parent
+    of a checkout (here a folder named batchspec/ with a package that cannot be imported), every
+    shard failed with "cannot import name '__version__' from 'batchspec'". The local Ray's workers
+    now import the installed package before that path is added."""
+    (tmp_path / "batchspec").mkdir()
+    (tmp_path / "batchspec" / "__init__.py").write_text("raise ImportError('not the installed batchspec')\n")
+    job = write_job(models_dir, tmp_path, shards=2)
+    res = run_cli("submit", str(job), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "done: 2 shard(s) run, 0 already done, 0 failed" in res.stderr, res.stderr[-3000:]
+
+
+def test_joining_a_cluster_from_beside_a_batchspec_folder_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A Ray this process joins started its workers itself, so the preload cannot reach them: the
+    run is refused before anything is written, naming the folder."""
+    from batchspec.runner.cluster import shadowed_package
+
+    monkeypatch.chdir(tmp_path)
+    assert shadowed_package() is None
+    (tmp_path / "batchspec").mkdir()
+    assert "run from another directory or rename it" in (shadowed_package() or "")
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # a checkout of batchspec, run from its root
+    assert shadowed_package() is None
 
 
 def test_a_failed_shard_is_told_once_with_its_reason_and_quiet_still_tells_it(models_dir, tmp_path):

@@ -41,7 +41,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, worker_log
               "VLLM_CPU_OMP_THREADS_BIND", "OMP_WAIT_POLICY")
     if address:
         env = {"env_vars": {k: os.environ[k] for k in passed if k in os.environ}}
-        problem = cluster_unreachable(address)
+        problem = cluster_unreachable(address) or shadowed_package()
         if problem:
             raise JobRefused(problem)
         try:
@@ -59,7 +59,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, worker_log
         # cluster /tmp/ray/ray_current_cluster names, even a dead one left by an earlier run.
         # Ray's processes inherit this process's environment (the passed variables included), with
         # worker_env on top for the time it takes to start them.
-        worker_env = dict(worker_env or {})
+        worker_env = {**(worker_env or {}), **preload_package()}
         saved = {k: os.environ.get(k) for k in worker_env}
         os.environ.update(worker_env)
         try:
@@ -74,6 +74,34 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, worker_log
         _local_worker_env = (ray.get_runtime_context().gcs_address, worker_env)
     quiet_foreign_loggers()  # ray.init re-formats the handlers of Ray's loggers; give them ours again
     return True
+
+
+def preload_package() -> dict[str, str]:
+    """Ray puts the driver's working directory first on every worker's sys.path, so a folder named
+    batchspec/ there (a checkout beside a pipeline, even an empty folder) was imported by the actors
+    instead of the installed package: every shard failed with "cannot import name '__version__'
+    from 'batchspec' (unknown location)". Workers that import batchspec when they start, before
+    Ray adds that path (Ray's preload_python_modules), keep the installed one; submodules are then
+    found through the package's own __path__, never through sys.path."""
+    modules = [m for m in os.environ.get("RAY_preload_python_modules", "").split(",") if m]
+    return {"RAY_preload_python_modules": ",".join([*modules, "batchspec"] if "batchspec" not in modules else modules)}
+
+
+def shadowed_package() -> str | None:
+    """For a Ray this process joins (whose workers it did not start, so preload_package cannot
+    reach them): a line refusing the run when the working directory holds a batchspec entry that
+    is not the package this process runs, which the workers on this machine would import."""
+    import batchspec
+
+    here = os.path.join(os.getcwd(), "batchspec")
+    if not (os.path.isdir(here) or os.path.exists(here + ".py")):
+        return None
+    ours = os.path.dirname(os.path.realpath(batchspec.__file__ or ""))
+    if os.path.realpath(here) == ours:
+        return None  # a checkout of batchspec itself, run from its root: the same code
+    return (f"the working directory holds {here}{'' if os.path.isdir(here) else '.py'}, which Ray's workers on "
+            "this machine would import instead of the installed batchspec (Ray puts the driver's working "
+            "directory first on their sys.path); run from another directory or rename it")
 
 
 def actor_runtime_env(env_vars: dict[str, str]) -> dict:
