@@ -56,3 +56,48 @@ def test_setting_the_demo_up_again_leaves_its_shards_alone(tmp_path):
     stamps = [p.stat().st_mtime_ns for p in paths]
     assert write_shards(tmp_path, shards=2, rows=4) == paths
     assert [p.stat().st_mtime_ns for p in paths] == stamps
+
+
+@pytest.mark.skipif(not (TARGET / "config.json").exists(), reason="trained demo pair not committed")
+def test_cost_stand_in_decodes_exactly_as_the_small_target(tmp_path):
+    """The stand-in appends zero-output layers: every one of them computes, none changes a logit.
+    Built small here (~8M parameters); the size changes how many layers are appended, not how."""
+    import json
+
+    import torch
+
+    from batchspec.demo import standin
+    from batchspec.engine import DraftSpec, Engine
+
+    out = standin.build(8_000_000, tmp_path / "stand-in", source=TARGET)
+    stamp = json.loads((out / standin.STAMP).read_text())
+    assert stamp["appended_layers"] == 7 and 7.9e6 < stamp["parameters"] < 8.6e6
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 3 + 7
+    assert standin.build(8_000_000, out, source=TARGET) == out  # the same build again is left alone
+    assert json.loads((out / standin.STAMP).read_text()) == stamp
+
+    prompts = [e["prompt"] for e in examples("eval", 6)]
+    small = Engine.load(str(TARGET), DraftSpec(kind="none"))
+    big = Engine.load(str(out), DraftSpec(kind="model", path=str(DRAFT)))
+    assert sum(p.numel() for p in big.target.model.parameters()) == stamp["parameters"]
+    ids = small.tokenize(prompts)
+    assert big.tokenize(prompts) == ids
+    with torch.no_grad():  # the logits themselves, not only their argmax, are the small target's
+        x = torch.tensor([ids[0]])
+        assert torch.equal(small.target.model(x).logits, big.target.model(x).logits)
+    plain, _ = small.generate(ids, max_new_tokens=48, speculate=False)
+    for speculate in (False, True):
+        outs, _ = big.generate(ids, max_new_tokens=48, speculate=speculate, draft_length=4)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+
+
+def test_stand_in_sizes_read_as_people_write_them():
+    import argparse
+
+    from batchspec.demo.standin import default_out, parse_params
+
+    assert [parse_params(s) for s in ("40M", "40m", "0.1B", "2500k", "40000000")] == [
+        40_000_000, 40_000_000, 100_000_000, 2_500_000, 40_000_000]
+    assert default_out(40_000_000).name == "legal-target-40m"
+    with pytest.raises(argparse.ArgumentTypeError, match="such as 40M"):
+        parse_params("forty")

@@ -1,10 +1,12 @@
-"""Prepare the demo's input shards of synthetic contracts (and, on request, a random-weight model).
+"""Prepare the demo: its input shards of synthetic contracts and the cost stand-in target.
 
     python -m batchspec.demo.setup                  # idempotent; `make demo` runs it first
+    python -m batchspec.demo.setup --params 100M    # a larger stand-in (build/demo-models/legal-target-100m)
     python -m batchspec.demo.setup --random-model   # also build the random-weight small model
-                                                    # (scripts/bench_pipeline.py uses it)
 
-The demo job itself uses the trained pair committed under models/ (python -m batchspec.demo.train).
+The demo job runs the trained target committed under models/ (python -m batchspec.demo.train) as
+its cost stand-in (batchspec/demo/standin.py: the same outputs, the step cost of a ~40M model),
+with the trained draft from models/.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import standin
 from .corpus import examples
 
 DATA_DIR = Path("jobs/data/legal")
@@ -50,9 +53,12 @@ def build_demo_model(root: Path = MODEL_DIR) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--random-model", action="store_true", help="also build the random-weight small model")
+    ap.add_argument("--params", type=standin.parse_params, default=standin.DEFAULT_PARAMS,
+                    help="the cost stand-in's size in parameters (default 40M, what jobs/summarize_legal.yaml names)")
     args = ap.parse_args()
     for p in write_shards():
         print(f"input shard {p}")
+    standin.main([f"--params={args.params}"])
     if args.random_model:
         print(f"random-weight model {build_demo_model()}")
 
