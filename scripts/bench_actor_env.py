@@ -29,7 +29,7 @@ def demo_prompt_ids() -> list[list[int]]:
 
     from batchspec.spec import load_spec
 
-    spec = load_spec(ROOT / "jobs/summarize_legal.yaml", [f"model.target={ROOT / 'models/legal-target'}",
+    spec = load_spec(ROOT / "jobs/summarize_legal_small.yaml", [f"model.target={ROOT / 'models/legal-target'}",
                                                            f"input.path={ROOT / 'jobs/data/legal'}"])
     return job_prompts(spec)[1]
 

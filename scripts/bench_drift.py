@@ -64,7 +64,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    job = ROOT / "jobs/summarize_legal.yaml"
+    job = ROOT / "jobs/summarize_legal_small.yaml"
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         write_noise(tmp / "noise")

@@ -5,7 +5,7 @@ for run_calls: the pool the runner had before Ray Data, in a dozen lines), whole
 interleaved, the order turned every repetition.
 
     python scripts/bench_fixed_cost.py --repeats 5                     # the demo job, ~4 minutes
-    python scripts/bench_fixed_cost.py --job jobs/summarize_legal.yaml --repeats 5 --set model.backend=hf
+    python scripts/bench_fixed_cost.py --job jobs/summarize_legal_small.yaml --repeats 5 --set model.backend=hf
 
 Each run is its own `python` process from exec to exit (what a nightly scheduler waits for), into
 a fresh output. Per run it prints the whole wall and the driver's start-up figures from the
@@ -92,7 +92,7 @@ def one(which: str, job: str, sets: list[str], tmp: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--job", default="jobs/summarize_legal.yaml")
+    ap.add_argument("--job", default="jobs/summarize_legal_small.yaml")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--set", action="append", default=[], help="passed to batchspec submit --set")
     ap.add_argument("--arm", choices=["data", "actors"], help=argparse.SUPPRESS)

@@ -131,7 +131,7 @@ def write_data(out: Path, rows: int) -> dict[str, str]:
 def write_job(tmp: Path, data: Path, concurrency: int | None) -> Path:
     import yaml
 
-    job = yaml.safe_load((ROOT / "jobs/summarize_legal.yaml").read_text())
+    job = yaml.safe_load((ROOT / "jobs/summarize_legal_small.yaml").read_text())
     job["name"] = "nightly"
     job["input"]["path"] = str(data)
     job["model"]["target"] = str(ROOT / job["model"]["target"])

@@ -4,7 +4,7 @@
 
 A moto S3 server on loopback behind a counting proxy (tests/s3_fault_proxy.py, no faults): every
 request is counted by operation (LIST, HEAD, GET, PUT, POST, DELETE). The job is the demo job
-(jobs/summarize_legal.yaml) with its input and output on S3, `--shards` shards of one row each and
+(jobs/summarize_legal_small.yaml) with its input and output on S3, `--shards` shards of one row each and
 8 new tokens, so the counts are the runner's, not the model's. Each command is a fresh
 `batchspec` process; the counts are per command, and per shard.
 """
@@ -58,7 +58,7 @@ def main() -> None:
                 "--set", "generation.max_new_tokens=8"]
         for side in ("input", "output"):
             sets += ["--set", f"{side}.storage_options={json.dumps(opts)}"]
-        job = str(ROOT / "jobs/summarize_legal.yaml")
+        job = str(ROOT / "jobs/summarize_legal_small.yaml")
         bs = [sys.executable, "-m", "batchspec.cli"]
         commands = {
             "submit": [*bs, "submit", job, "--quiet", *sets],

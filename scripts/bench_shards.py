@@ -6,7 +6,7 @@ extra shard goes, and the driver's peak RSS.
     python scripts/bench_shards.py --rows-per-shard 2 --shards 100 1000 10000 --max-new-tokens 1 \\
         --set model.backend=hf --set speculation.mode=off            # the driver's memory, many shards
 
-The demo job (jobs/summarize_legal.yaml: the demo pair, vLLM, auto policy unless --set says) over
+The demo job (jobs/summarize_legal_small.yaml: the demo pair, vLLM, auto policy unless --set says) over
 demo contracts cut into each `--shards` count: `--rows` in all (20 rows a shard at 1,200 of 24,000),
 or `--rows-per-shard` each. Each run is a fresh `batchspec submit --quiet` into a fresh output,
 timed from outside, with the peak RSS of the driver process (not Ray's or the actors'). Shard counts
@@ -91,7 +91,7 @@ def main() -> None:
         for n in args.shards:
             for name, tree in trees.items():
                 out = work / f"out-{name}-{n}-{rep}"
-                cmd = [sys.executable, "-m", "batchspec.cli", "submit", str(ROOT / "jobs/summarize_legal.yaml"), "--quiet",
+                cmd = [sys.executable, "-m", "batchspec.cli", "submit", str(ROOT / "jobs/summarize_legal_small.yaml"), "--quiet",
                        "--set", f"input.path={work / f'in-{n}'}", "--set", f"output.path={out}",
                        "--set", f"generation.max_new_tokens={args.max_new_tokens}",
                        *(a for kv in args.set for a in ("--set", kv))]

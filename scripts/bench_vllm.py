@@ -243,7 +243,7 @@ def write_jobs(tmp: Path, which: list[str], llama_rows: int = 64, temperature: f
     three contracts each); every one sampled at `temperature` when > 0."""
     import yaml
 
-    demo = yaml.safe_load((ROOT / "jobs/summarize_legal.yaml").read_text())
+    demo = yaml.safe_load((ROOT / "jobs/summarize_legal_small.yaml").read_text())
     demo["input"]["path"] = str(ROOT / "jobs/data/legal")
     if demo_rows != 96:
         from batchspec.demo.setup import write_shards

@@ -76,7 +76,7 @@ def cell(target: Path, kind: str, draft: Path | None, ids: list[list[int]], refs
     sets = [f"model.target={target}", f"model.draft.kind={kind}", "model.backend=vllm"]
     if kind == "model":
         sets.append(f"model.draft.path={draft}")
-    proc = subprocess.run([sys.executable, "-c", CELL, str(ROOT / "jobs" / "summarize_legal.yaml"), json.dumps(sets),
+    proc = subprocess.run([sys.executable, "-c", CELL, str(ROOT / "jobs" / "summarize_legal_small.yaml"), json.dumps(sets),
                            json.dumps(ids), str(MAX_NEW)], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"}, timeout=600)
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT")]

@@ -140,7 +140,7 @@ def test_json_logs_with_worker_logs_on_vllm_leave_stdout_empty_and_keep_vllms_le
     if not vllm_installed():
         pytest.skip("vllm is not installed (make installs it)")
     root = Path(__file__).resolve().parents[1]
-    res = run_cli("submit", str(root / "jobs/summarize_legal.yaml"), "--log-format", "json", "--worker-logs",
+    res = run_cli("submit", str(root / "jobs/summarize_legal_small.yaml"), "--log-format", "json", "--worker-logs",
                   "--set", f"output.path={tmp_path / 'out'}", "--set", "model.backend=vllm")
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout == ""

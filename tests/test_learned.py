@@ -252,7 +252,7 @@ def test_a_job_runs_with_the_demo_eagle_draft(ray_session, tmp_path):
             "model.draft.kind=eagle"]
     runs = {}
     for mode in ("on", "off"):
-        spec = load_spec(str(repo / "jobs/summarize_legal.yaml"),
+        spec = load_spec(str(repo / "jobs/summarize_legal_small.yaml"),
                          base + [f"speculation.mode={mode}", f"output.path={tmp_path / mode}"])
         result = submit(spec)
         assert result.ok, result.failed
@@ -273,7 +273,7 @@ def test_validate_accepts_learned_drafts_and_names_a_wrong_one():
     from batchspec.spec import load_spec
 
     repo = Path(__file__).resolve().parents[1]
-    job = str(repo / "jobs/summarize_legal.yaml")
+    job = str(repo / "jobs/summarize_legal_small.yaml")
     for kind in KINDS:
         spec = load_spec(job, [f"model.draft.kind={kind}", f"model.draft.path={repo / 'models' / f'legal-{kind}'}"])
         assert resolve_models(spec) == []

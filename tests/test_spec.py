@@ -21,7 +21,7 @@ BASE = {"name": "j", "input": {"path": "in/"}, "output": {"path": "out/"}, "mode
 
 def test_every_job_file_in_the_repo_is_valid():
     for job in (REPO / "jobs").glob("*.yaml"):
-        assert load_spec(job).name == "summarize_legal"
+        assert load_spec(job).name.startswith("summarize_legal")
 
 
 def test_overrides_parse_yaml_values():

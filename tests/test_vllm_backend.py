@@ -22,7 +22,7 @@ from batchspec.engine.backend import choose_backend, vllm_installed
 from batchspec.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO_JOB = ROOT / "jobs" / "summarize_legal.yaml"
+DEMO_JOB = ROOT / "jobs" / "summarize_legal_small.yaml"  # the demo rows on the small target
 SHARDS = ("prompts-0000", "prompts-0001")  # 24 demo contracts each
 
 
@@ -367,6 +367,25 @@ def test_vllm_greedy_equals_hf_plain_and_speculative(vllm_backend, demo_prompt_i
             assert r.k == 4 and r.accepted == sum(o.stats.accepted_tokens for o in outs) > 0
         else:
             assert result.rounds == []
+
+
+def test_the_cost_stand_in_decodes_on_vllm_as_the_small_target(tmp_path, demo_prompt_ids, hf_reference):
+    """The demo's target is the small target with appended zero-output layers (batchspec.demo.standin):
+    on vLLM's CPU build too, plain and speculative rows equal the small target's, token for token.
+    Built at ~8M parameters here; the default 40M appends more of the same layers."""
+    _require_vllm()
+    from batchspec.demo.standin import build
+    from batchspec.engine.backend import load_backend
+
+    stand_in = build(8_000_000, tmp_path / "stand-in", source=ROOT / "models/legal-target")
+    spec = load_spec(DEMO_JOB, [f"model.target={stand_in}", f"model.draft.path={ROOT / 'models/legal-draft'}",
+                                "model.vllm_plain_engine=false"])
+    backend = load_backend("vllm", spec.model, k_default=4)
+    assert backend.llm.llm_engine.model_config.hf_config.num_hidden_layers == 10
+    for speculate in (False, True):
+        outs, _ = backend.generate(demo_prompt_ids, 48, stop=("\n",), speculate=speculate, draft_length=4)
+        assert [o.token_ids for o in outs] == hf_reference[0]
+        assert (sum(o.stats.accepted_tokens for o in outs) > 0) == speculate
 
 
 S3_LOAD = r"""
