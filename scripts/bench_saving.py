@@ -8,13 +8,14 @@ each repetition, so each auto run's two references ran within a minute or two of
     python scripts/bench_saving.py --concurrency 64 --repeats 5
     python scripts/bench_saving.py --remembered                       # and the job's next run, right after
                                                                       # the first, from what it remembered
+    python scripts/bench_saving.py --job jobs/summarize_legal.yaml --repeats 3   # the demo job, as it is
 
 An auto run's saving (its manifests' `saving`, summed: what the report shows first) is judged two
 ways, each as a share of the auto run's generation: against `off - auto`, batchspec's own plain
 decoding, which is what the run prices its rows against; and against `bare plain - auto`, the
 check issue 39 sets (within 5%). The gap between the two is batchspec's plain decoding against a
 bare script's (off / bare). Generation: the shards' actor seconds for batchspec, the timed call
-for bare. Greedy outputs are checked identical across the three.
+for bare. Greedy outputs are checked identical across the arms.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import json
 import shutil
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -37,8 +39,8 @@ ARMS = ("auto", "off", "bare")  # turned each repetition; with --remembered, aut
 def one_arm(arm: str, job: Path, shards: dict, tmp: Path, tag: str) -> dict:
     """One run: bare plain, off, a first auto run (its own empty policy memory), or the next auto
     run (`remembered`, from a copy of what this repetition's first run left)."""
-    if arm == "bare":  # every row in one LLM.generate, as a bare script runs the job
-        res = bench_nightly.bare(job, shards, False, per_shard=False)
+    if arm in ("bare", "bare spec"):  # every row in one LLM.generate, as a bare script runs the job
+        res = bench_nightly.bare(job, shards, arm == "bare spec", per_shard=False)
         return {"generate_s": res["generate_s"], "completions": res["completions"]}
     out = tmp / f"out-{arm}-{tag}"
     if arm == "off":
@@ -51,18 +53,34 @@ def one_arm(arm: str, job: Path, shards: dict, tmp: Path, tag: str) -> dict:
     return {"generate_s": res["generate_s"], "by_id": res["by_id"], "saving": res["saving"]}
 
 
-def judge(rep: dict, arm: str, order: list[str], per_shard: int) -> dict:
+def row_ids(job: Path) -> list[str]:
+    """The job's row ids in plan order (bare's completions come back in that order)."""
+    from batchspec.runner.plan import plan_shards
+    from batchspec.runner.read import read_shard
+    from batchspec.spec import load_spec
+
+    spec = load_spec(str(job))
+    ids = []
+    for shard in plan_shards(spec.input.path):
+        rows = read_shard(shard, spec).to_pylist()
+        col = spec.input.id_column
+        ids += [str(r[col]) if col else f"{shard.shard}:{shard.row_start + i}" for i, r in enumerate(rows)]
+    return ids
+
+
+def judge(rep: dict, arm: str, ids: list[str]) -> dict:
     auto, off, bare = rep[arm], rep["off"], rep["bare"]
     gen, saving = auto["generate_s"], auto["saving"]["measured_saving_s"]  # vllm: every shard has one
     low, high = auto["saving"]["saving_interval_s"]
-    ids = [f"{n}-{j:04d}" for n in order for j in range(per_shard)]
     return {"auto_s": gen, "off_s": off["generate_s"], "bare_s": bare["generate_s"], "saving_s": saving,
             "interval_s": [low, high],
             "error_vs_off": (saving - (off["generate_s"] - gen)) / gen,
             "error_vs_bare": (saving - (bare["generate_s"] - gen)) / gen,
             "covers_off": low <= off["generate_s"] - gen <= high,
             "off_over_bare": off["generate_s"] / bare["generate_s"],
-            "identical": [auto["by_id"].get(i) for i in ids] == bare["completions"] == [off["by_id"].get(i) for i in ids]}
+            "bare_spec_s": rep["bare spec"]["generate_s"] if "bare spec" in rep else None,
+            "identical": [auto["by_id"].get(i) for i in ids] == bare["completions"] == [off["by_id"].get(i) for i in ids]
+            and rep.get("bare spec", bare)["completions"] == bare["completions"]}
 
 
 def main() -> None:
@@ -72,28 +90,38 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=300, help="rows per shard (8 shards)")
     ap.add_argument("--remembered", action="store_true", help="also the job's next auto run, right after the first")
     ap.add_argument("--out", help="write every repetition's figures here (JSON)")
+    ap.add_argument("--bare-spec", action="store_true", help="also bare vLLM speculative (the job's draft and k), "
+                    "the other static choice")
+    ap.add_argument("--job", type=Path, help="judge this job as it is (its input, its engine settings) instead of "
+                    "the nightly job; --concurrency and --rows are then the job's own")
     args = ap.parse_args()
-    tmp, job = bench_nightly.fresh_job("saving", args.rows, args.concurrency)
+    if args.job:
+        tmp, job = Path(tempfile.mkdtemp(prefix="bench-saving-")), args.job.resolve()
+        what = f"{job.name}, as it is"
+    else:
+        tmp, job = bench_nightly.fresh_job("saving", args.rows, args.concurrency)
+        what = f"nightly job, {args.rows * 8} rows at max_num_seqs {args.concurrency}"
     shards = bench_nightly.shard_prompts(job)
-    order = list(shards)
-    print(f"nightly job, {args.rows * len(order)} rows at max_num_seqs {args.concurrency}; 2 cores; error: (reported "
-          "saving - measured) / auto's generation")
+    ids = row_ids(job)
+    print(f"{what}; 2 cores; error: (reported saving - measured) / auto's generation")
     print("| rep | order | auto s | off s | bare plain s | reported saving (95%) | vs off - auto | vs bare plain - auto "
           "| off / bare | identical |\n|---|---|---|---|---|---|---|---|---|---|")
     judged = ("auto", "remembered") if args.remembered else ("auto",)
     reps: dict[str, list[dict]] = {arm: [] for arm in judged}
     for r in range(args.repeats):
-        turn = list(ARMS[r % 3:] + ARMS[:r % 3])
+        arms = ARMS + (("bare spec",) if args.bare_spec else ())
+        turn = list(arms[r % len(arms):] + arms[:r % len(arms)])
         if args.remembered:
             turn.insert(turn.index("auto") + 1, "remembered")
         got = {arm: one_arm(arm, job, shards, tmp, str(r)) for arm in turn}
         for arm in judged:
-            j = {"order": turn, **judge(got, arm, order, args.rows)}
+            j = {"order": turn, **judge(got, arm, ids)}
             reps[arm].append(j)
             low, high = j["interval_s"]
             print(f"| {r + 1}{'' if arm == 'auto' else ' ' + arm} | {', '.join(turn)} | {j['auto_s']:.2f} | {j['off_s']:.2f} "
                   f"| {j['bare_s']:.2f} | {j['saving_s']:+.2f} ({low:+.2f} to {high:+.2f}) | {100 * j['error_vs_off']:+.1f}% "
-                  f"| {100 * j['error_vs_bare']:+.1f}% | {j['off_over_bare']:.3f} | {j['identical']} |", flush=True)
+                  f"| {100 * j['error_vs_bare']:+.1f}% | {j['off_over_bare']:.3f} | {j['identical']} |"
+                  + (f" bare spec {j['bare_spec_s']:.2f} s" if j["bare_spec_s"] is not None else ""), flush=True)
     for arm in judged:
         for ref in ("off", "bare"):
             errors = [x[f"error_vs_{ref}"] for x in reps[arm]]
@@ -102,7 +130,8 @@ def main() -> None:
         print(f"{arm}: interval covers off - auto in {sum(x['covers_off'] for x in reps[arm])} of {len(reps[arm])}; "
               f"off / bare plain median {statistics.median(x['off_over_bare'] for x in reps[arm]):.3f}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"concurrency": args.concurrency, "repetitions": reps}, indent=1))
+        Path(args.out).write_text(json.dumps({"job": str(args.job or "nightly"), "concurrency": args.concurrency,
+                                              "repetitions": reps}, indent=1))
 
 
 if __name__ == "__main__":
