@@ -1,41 +1,42 @@
 """A nightly-shaped job on vLLM: batchspec's per-shard policy against bare vLLM plain, bare vLLM
-spec and the per-shard oracle, side by side, at two engine concurrencies (issue 39).
+spec and the per-shard oracle, side by side, at three engine concurrencies (issues 39 and 58).
 
-    python scripts/bench_nightly.py                       # 8 shards x 300 rows, default and 64 concurrency
-    python scripts/bench_nightly.py --rows 300 --repeats 2 --concurrency 256,64 --out bench-nightly.json
-    python scripts/bench_nightly.py --engines two --paired 3     # judge on a paired per-shard reference
+    python scripts/bench_nightly.py                                   # 3 domains x shards of 40, 60, 100 rows, at 8, 64, 256
+    python scripts/bench_nightly.py --repeats 3 --out bench-nightly.json
+    python scripts/bench_nightly.py --sizes 10,20 --concurrency 8     # a smoke run
 
-The data (written here, seeded): the demo's synthetic contracts (the draft's domain) and the same
-contracts with the words of each line shuffled (out of domain: the draft's acceptance is lower),
-each as short prompts (one contract) and as prefill-heavy ones (three contracts in one prompt):
+The target is the demo target's cost stand-in (build/demo-models/legal-target-40m, built here if
+missing; docs/demo.md): the trained target's outputs at a ~40M model's step cost, so speculation's
+effect is tens of percent both ways, not the few percent this machine's noise hides. The data
+(written here, seeded) is the demo's synthetic contracts in three domains, each in shards of
+--sizes rows (several sizes, smaller than a look included):
 
-    legal-short x3, scrambled-short x3, legal-long x1, scrambled-long x1   (rows each: --rows)
+    legal      the contracts as they are: the draft's domain (per-token acceptance ~0.87)
+    scrambled  each line's words shuffled: the same words out of order (~0.60)
+    lower      lower-cased with the digits dropped: text the draft was not trained on (~0.18)
 
-The job is the demo job (draft kind `model`, k = 4, greedy, stop at a newline) with
-max_new_tokens 96 and `model.backend: vllm`. Per concurrency and repetition, each in its own
-process, in this order turned round by one block every repetition (the machine drifts by more than
-the goals over a repetition: a fixed order put bare plain always first):
+The job is the demo job (draft kind `model`, k = 4, greedy, stop at a newline, max_new_tokens
+64) with `model.backend: vllm`. Per concurrency and repetition, each in its own process, in this
+order turned round by one block every repetition (the machine drifts within minutes):
 
     bare plain     LLM(...) without speculation, a warm-up call, one timed LLM.generate over every
-                   row; then one timed call per shard ("apart"), and one per kind of shard (its
-                   shards' rows together: the shape they run in within the job, where a shard
-                   apart is one wave at 256)
+                   row; then one timed call per shard ("apart"), and one per domain (its shards'
+                   rows together)
     bare spec      the same with the job's speculative config at k = 4
     paired         (--paired N) both engines in one process, each shard apart on each, N times,
                    the arms' order alternating: the per-shard reference decisions, predictions and
                    the oracle are judged on (medians), instead of the two processes' apart calls
     auto first     `batchspec submit` with nothing remembered (an empty BATCHSPEC_POLICY_MEMORY)
     auto remembered  the same job again, starting from what the first run left in its memory
-    batchspec off  the same job with speculation.mode=off: what batchspec's own plain decoding costs,
-                   the other reference for the saving it reports
+    batchspec off  the same job with speculation.mode=off: batchspec's own plain decoding
 
 Reported per configuration: generation seconds (bare: the timed call; batchspec: the shards'
 generate_s summed, which on one actor is the actor's generation time) and whole-job wall; the
 per-shard oracle is the sum over shards of the faster of bare plain and bare spec run apart. For
-batchspec: each shard's decision against the arm its domain's bare runs favour, the saving the
-report prints against bare plain - batchspec measured here, and greedy agreement with bare plain
-on every row. Threads: the actor's cpus_per_actor (2) and the bare processes' torch default on
-this machine (2 cores).
+batchspec: the share of each domain's rows that speculated, each shard's decision against the arm
+its domain's bare runs favour, the saving the report prints against bare plain - batchspec
+measured here, and greedy agreement with bare plain on every row. Threads: the actor's
+cpus_per_actor (2) and the bare processes' torch default on this machine (2 cores).
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ from bench_vllm import batchspec, child_result  # noqa: E402
 # batchspec's engines per actor (--engines): the suffix of its entries, and the job's settings.
 ENGINES = {"": ("model.vllm_plain_engine=false",), "+plain": ("model.vllm_plain_engine=true",)}
 
-SHARDS = [("legal-short", 3), ("scrambled-short", 3), ("legal-long", 1), ("scrambled-long", 1)]
+SIZES = (40, 60, 100)  # rows of each domain's shards (--sizes): a look is 8-16 rows a shard
+STAND_IN = ROOT / "build/demo-models/legal-target-40m"
 
 # One engine, every row in one timed call, then each shard in a timed call of its own.
 BARE = r"""
@@ -106,49 +108,54 @@ def scramble(text: str, rng: random.Random) -> str:
     return "\n".join(lines)
 
 
-def write_data(out: Path, rows: int) -> dict[str, str]:
-    """The 8 shards as Parquet files; returns shard file stem -> kind ("legal-short", "scrambled-long", ...)."""
+def lower(text: str, rng: random.Random) -> str:
+    """The contract lower-cased without its digits: text the draft never saw, where it rarely agrees."""
+    return "".join(c for c in text.lower() if not c.isdigit())
+
+
+DOMAINS = {"legal": lambda text, rng: text, "scrambled": scramble, "lower": lower}
+
+
+def write_data(out: Path, sizes: tuple[int, ...] = SIZES) -> dict[str, str]:
+    """Each domain's shards (one of each size) as Parquet files; returns shard file stem -> domain."""
     from batchspec.demo.corpus import examples
 
     out.mkdir(parents=True, exist_ok=True)
-    rng, domains, offset = random.Random(39), {}, 50_000  # seeds past the demo's own shards
-    for kind, count in SHARDS:
-        domain, shape = kind.split("-")
-        per_row = 3 if shape == "long" else 1
-        for s in range(count):
-            ex = examples("demo", rows * per_row, offset=offset)
-            offset += rows * per_row
-            texts = ["\n".join(e["contract"] for e in ex[i * per_row:(i + 1) * per_row]) for i in range(rows)]
-            if domain == "scrambled":
-                texts = [scramble(t, rng) for t in texts]
-            name = f"{kind}-{s}"
+    rng, domains, offset = random.Random(58), {}, 50_000  # seeds past the demo's own shards
+    for domain, rewrite in DOMAINS.items():
+        for s, rows in enumerate(sizes):
+            texts = [rewrite(e["contract"], rng) for e in examples("demo", rows, offset=offset)]
+            offset += rows
+            name = f"{domain}-{s}"
             ids = [f"{name}-{i:04d}" for i in range(rows)]
             pq.write_table(pa.table({"doc_id": ids, "contract": texts}), out / f"{name}.parquet")
-            domains[name] = kind  # a shard's kind: its domain and its length profile
+            domains[name] = domain
     return domains
 
 
-def write_job(tmp: Path, data: Path, concurrency: int | None) -> Path:
+def write_job(tmp: Path, data: Path, concurrency: int | None, target: Path = STAND_IN) -> Path:
     import yaml
 
-    job = yaml.safe_load((ROOT / "jobs/summarize_legal_small.yaml").read_text())
+    from batchspec.demo import standin
+
+    if target == STAND_IN:
+        standin.build(out=STAND_IN, source=ROOT / standin.SOURCE)  # left alone when already built
+    job = yaml.safe_load((ROOT / "jobs/summarize_legal.yaml").read_text())
     job["name"] = "nightly"
     job["input"]["path"] = str(data)
-    job["model"]["target"] = str(ROOT / job["model"]["target"])
+    job["model"]["target"] = str(target)
     job["model"]["draft"]["path"] = str(ROOT / job["model"]["draft"]["path"])
     job["model"]["backend"] = "vllm"
-    if concurrency:
-        job["model"]["vllm_args"] = {"max_num_seqs": concurrency}
-    job["generation"]["max_new_tokens"] = 96
+    job["model"]["vllm_args"] = {"max_num_seqs": concurrency} if concurrency else {}
     path = tmp / f"nightly-{concurrency or 'default'}.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
 
-def fresh_job(name: str, rows: int, concurrency: int) -> tuple[Path, Path]:
-    """A new temporary directory with the nightly data (rows per shard) and its job at this
+def fresh_job(name: str, sizes: tuple[int, ...], concurrency: int) -> tuple[Path, Path]:
+    """A new temporary directory with the nightly data (shards of these sizes) and its job at this
     concurrency (256: vLLM's default); returns (directory, job). For the scripts built on this one."""
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
-    write_data(tmp / "data", rows)
+    write_data(tmp / "data", sizes)
     return tmp, write_job(tmp, tmp / "data", None if concurrency == 256 else concurrency)
 
 
@@ -230,7 +237,7 @@ def paired(job: Path, shards: dict[str, list[list[int]]], repeats: int) -> dict:
 def both_engines(code: str, job: Path, shards: dict[str, list[list[int]]], repeats: int, what: str) -> dict:
     """The RESULT of a child script (`code`) given both bare engines' arguments, the shards, the
     repetitions and the job's generation settings (cfg keys plain, spec, shards, repeats,
-    max_new_tokens, stop): PAIRED here, scripts/bench_stream.py's."""
+    max_new_tokens, stop): PAIRED here."""
     plain, _ = bare_args(job, False)
     speculative, spec = bare_args(job, True)
     cfg = {"plain": plain, "spec": speculative, "shards": shards, "repeats": repeats,
@@ -258,6 +265,10 @@ def auto(job: Path, out: Path, memory: Path, *sets: str) -> dict:
     res["saving_by_shard"] = {Path(m["path"]).stem: m.get("saving") and {k: m["saving"][k] for k in ("seconds", "low", "high", "rows")}
                               for m in ms.values()}
     res["generate_by_shard"] = {Path(m["path"]).stem: m["timings"]["generate_s"] for m in ms.values()}
+    # Rows that ran speculating (spec_enabled), look rows at k included: what the issue-58 goals count.
+    store = OutputStore(str(out))
+    res["rows_speculated"] = {Path(m["path"]).stem: [sum(store.read_part(s).column("spec_enabled").to_pylist()),
+                                                     m["rows_out"]] for s, m in ms.items()}
     # Every decision with the figures it rested on, for reading a wrong one afterwards (--out).
     res["decisions"] = {Path(m["path"]).stem: m["decisions"] for m in ms.values()}
     # What each shard's own decision predicted at its own acceptance (vllm: numbers.predicted_own).
@@ -302,14 +313,15 @@ def favoured(apart: dict[str, dict[str, float]], domains: dict[str, str]) -> dic
 def run(args) -> dict:
     tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-nightly-"))
     tmp.mkdir(parents=True, exist_ok=True)
-    domains = write_data(tmp / "data", args.rows)
-    results: dict = {"rows": args.rows * sum(n for _, n in SHARDS), "shards": domains, "runs": []}
+    domains = write_data(tmp / "data", args.sizes)
+    results: dict = {"rows": sum(args.sizes) * len(DOMAINS), "shards": domains, "runs": []}
     try:
         for rep in range(args.repeats):
             for c, conc in enumerate(args.concurrency):
                 job = write_job(tmp, tmp / "data", None if conc == 256 else conc)
                 shards = shard_prompts(job)
-                entry = {"concurrency": conc, "repeat": rep, "order": list(shards)}
+                entry = {"concurrency": conc, "repeat": rep, "order": list(shards),
+                         "rows": {name: len(rows) for name, rows in shards.items()}}
                 blocks = run_blocks(args, tmp, job, shards, entry, f"{conc}-{rep}")
                 turn = (rep + c) % len(blocks)  # each block in each place in turn: the machine drifts
                 entry["ran"] = [name for name, _ in blocks[turn:] + blocks[:turn]]
@@ -358,17 +370,21 @@ def summarize(e: dict, domains: dict[str, str], engines: list[str]) -> None:
     e["oracle_s"] = sum(min(apart["plain"][n], apart["spec"][n]) for n in domains)
     e["favoured"] = favoured(apart, domains)
     best = min(plain["generate_s"], spec["generate_s"])
-    expected, per_shard = plain["completions"], len(plain["completions"]) // len(domains)
+    expected = plain["completions"]
+    ids = [f"{n}-{j:04d}" for n in e["order"] for j in range(e["rows"][n])]
     for name in (f"{run}{v}" for v in engines for run in ("auto_first", "auto_remembered")):
         r = e[name]
         r["vs_best_static"] = r["generate_s"] / best
         r["side_by_side_saving_s"] = plain["generate_s"] - r["generate_s"]
         r["vs_batchspec_off_s"] = e["batchspec_off" + name.removeprefix("auto_first").removeprefix("auto_remembered")]["generate_s"] - r["generate_s"]
-        got = [r["by_id"].get(f"{n}-{j:04d}") for n in e["order"] for j in range(per_shard)]
+        got = [r["by_id"].get(i) for i in ids]
         r["identical_to_plain"] = got == expected
         wrong = [n for n, d in domains.items() if e["favoured"][d] is not None
                  and r["speculated"].get(n) != (e["favoured"][d] == "spec")]
         r["wrong_decisions"] = wrong
+        r["speculated_share"] = {d: round(sum(r["rows_speculated"][n][0] for n in shards_of(domains, d))
+                                          / sum(r["rows_speculated"][n][1] for n in shards_of(domains, d)), 3)
+                                 for d in sorted(set(domains.values()))}
         if "kind_s" in plain and "kind_s" in spec:  # the same against each kind's rows in one call
             fk = favoured({"plain": plain["kind_s"], "spec": spec["kind_s"]}, {k: k for k in plain["kind_s"]})
             e["favoured_kind_call"] = fk
@@ -401,6 +417,10 @@ def table_row(e: dict, engines: str = "") -> str:
         errors = r["prediction_error"].values()
         return f"{max(errors, key=abs):+.0%}" if errors else "-"
 
+    def shares(first, again):
+        return ", ".join(f"{d} {first['speculated_share'][d]:.0%} / {again['speculated_share'][d]:.0%}"
+                         for d in first["speculated_share"])
+
     def saving(r):
         rep = r["saving"].get("measured_saving_s")
         rep = r["saving"].get("estimated_saving_s") if rep is None else rep
@@ -411,23 +431,27 @@ def table_row(e: dict, engines: str = "") -> str:
             f"| {e['batchspec_off' + engines]['generate_s']:.2f} "
             f"| {e['oracle_s']:.2f} "
             f"| {f['generate_s']:.2f} ({f['vs_best_static']:.2f}x) | {m['generate_s']:.2f} ({m['vs_best_static']:.2f}x) "
-            f"| {f['wall_s']:.1f} / {m['wall_s']:.1f} | {e['favoured']} | {len(f['wrong_decisions'])} / {len(m['wrong_decisions'])} "
+            f"| {f['wall_s']:.1f} / {m['wall_s']:.1f} | {e['favoured']} "
+            f"| {shares(f, m)} "
+            f"| {len(f['wrong_decisions'])} / {len(m['wrong_decisions'])} "
             f"| {saving(f)} / {saving(m)} | {worst(f)} / {worst(m)} | {f['identical_to_plain'] and m['identical_to_plain']} |")
 
 
 HEADER = ("| concurrency | bare plain s | bare spec s | batchspec off s | oracle s (apart) | auto first s | auto remembered s "
-          "| auto wall s (first / rem.) | domain favours | wrong decisions (first / rem.) "
+          "| auto wall s (first / rem.) | domain favours | rows speculated by domain (first / rem.) "
+          "| wrong decisions (first / rem.) "
           "| reported saving vs bare plain - auto (vs batchspec off - auto) s (first / rem.) | worst prediction error by kind (first / rem.) "
-          "| identical |\n|" + "---|" * 13)
+          "| identical |\n|" + "---|" * 14)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=300, help="rows per shard (8 shards)")
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)),
+                    help="rows of each domain's shards, comma-separated (one shard of each size per domain)")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--concurrency", default="256,64", help="engine max_num_seqs values, comma-separated (256: vLLM's default)")
+    ap.add_argument("--concurrency", default="8,64,256", help="engine max_num_seqs values, comma-separated (256: vLLM's default)")
     ap.add_argument("--out", default=None, help="write every figure as JSON here")
-    ap.add_argument("--engines", default="one", help="batchspec's engines per actor, comma-separated: one (the "
+    ap.add_argument("--engines", default="two", help="batchspec's engines per actor, comma-separated: one (the "
                     "speculative engine decodes plain too), two (model.vllm_plain_engine); one,two runs both in turn")
     ap.add_argument("--paired", type=int, default=0, help="also time each shard apart on a plain and a "
                     "speculative engine in one process, this many times each, interleaved, and judge decisions, "
@@ -436,8 +460,10 @@ def main() -> None:
                     "temporary directory, removed)")
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    args.sizes = tuple(int(n) for n in args.sizes.split(","))
     args.engines = ["" if e == "one" else "+plain" for e in args.engines.split(",")]
-    print(f"threads: {os.cpu_count()} cores; {args.rows * 8} rows in 8 shards", flush=True)
+    print(f"threads: {os.cpu_count()} cores; {sum(args.sizes) * len(DOMAINS)} rows in {len(args.sizes) * len(DOMAINS)} "
+          f"shards ({', '.join(DOMAINS)}: shards of {', '.join(map(str, args.sizes))} rows each)", flush=True)
     print(HEADER, flush=True)
     results = run(args)
     for conc in args.concurrency:
@@ -461,8 +487,35 @@ def main() -> None:
                 if errors:
                     print(f"  {conc}{v} {ref}: within 7% in {sum(abs(x) <= 0.07 for x in errors)} of {len(errors)} "
                           f"({min(errors):+.0%} to {max(errors):+.0%})")
+        for v in args.engines:
+            for line in goals(runs, v):
+                print(f"  {conc}{v} {line}")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+def goals(runs: list[dict], v: str) -> list[str]:
+    """Issue 58's goals over the repetitions at one concurrency (medians): the share of the oracle's
+    gain over the better static choice an auto run captures, where the oracle is >= 10% faster than
+    both; and the share of rows speculated in domains whose bare spec is >= 10% slower than bare plain
+    (goal: <= 25% first, <= 10% remembered) or >= 20% faster (goal: >= 90% remembered), the domain's
+    rows in one call on each bare engine."""
+    lines = []
+    for run in ("auto_first", "auto_remembered"):
+        captured = []
+        for r in runs:
+            best = min(r["bare_plain"]["generate_s"], r["bare_spec"]["generate_s"])
+            if r["oracle_s"] <= best / 1.1:
+                captured.append((best - r[f"{run}{v}"]["generate_s"]) / (best - r["oracle_s"]))
+        if captured:
+            lines.append(f"{run}: oracle's gain captured, median {statistics.median(captured):.0%} "
+                         f"({', '.join(f'{c:.0%}' for c in captured)})")
+        for r in runs:
+            for domain, share in r[f"{run}{v}"]["speculated_share"].items():
+                ratio = r["bare_plain"]["kind_s"][domain] / r["bare_spec"]["kind_s"][domain]
+                if ratio <= 1 / 1.1 or ratio >= 1.2:
+                    lines.append(f"{run} rep {r['repeat']}: {domain} (bare spec {ratio:.2f}x plain) speculated {share:.0%} of its rows")
+    return lines
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """The report's measured saving against side-by-side runs, run next to each other: on the nightly
-job (scripts/bench_nightly.py's data, 8 shards, 2,400 rows), a first `batchspec submit` under
+job (scripts/bench_nightly.py's data and target: three domains, 600 rows, the cost stand-in), or
+on any job given with --job, a first `batchspec submit` under
 `speculation.mode: auto` (nothing remembered), one under `mode: off`, and bare vLLM plain (one
 LLM.generate over every row, the project's engine_args), one after the other, the order turned
 each repetition, so each auto run's two references ran within a minute or two of it.
 
-    python scripts/bench_saving.py --concurrency 256 --repeats 5     # ~12 minutes here
-    python scripts/bench_saving.py --concurrency 64 --repeats 5
+    python scripts/bench_saving.py --concurrency 8 --repeats 3
+    python scripts/bench_saving.py --concurrency 64 --repeats 3
     python scripts/bench_saving.py --remembered                       # and the job's next run, right after
                                                                       # the first, from what it remembered
     python scripts/bench_saving.py --job jobs/summarize_legal.yaml --repeats 3   # the demo job, as it is
@@ -87,20 +88,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrency", type=int, default=256, help="max_num_seqs (256: vLLM's default)")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--rows", type=int, default=300, help="rows per shard (8 shards)")
+    ap.add_argument("--sizes", type=lambda text: tuple(int(n) for n in text.split(",")), default=bench_nightly.SIZES,
+                    help="rows of each domain's shards in the nightly job, comma-separated")
     ap.add_argument("--remembered", action="store_true", help="also the job's next auto run, right after the first")
     ap.add_argument("--out", help="write every repetition's figures here (JSON)")
     ap.add_argument("--bare-spec", action="store_true", help="also bare vLLM speculative (the job's draft and k), "
                     "the other static choice")
     ap.add_argument("--job", type=Path, help="judge this job as it is (its input, its engine settings) instead of "
-                    "the nightly job; --concurrency and --rows are then the job's own")
+                    "the nightly job; --concurrency and --sizes are then the job's own")
     args = ap.parse_args()
     if args.job:
         tmp, job = Path(tempfile.mkdtemp(prefix="bench-saving-")), args.job.resolve()
         what = f"{job.name}, as it is"
     else:
-        tmp, job = bench_nightly.fresh_job("saving", args.rows, args.concurrency)
-        what = f"nightly job, {args.rows * 8} rows at max_num_seqs {args.concurrency}"
+        tmp, job = bench_nightly.fresh_job("saving", args.sizes, args.concurrency)
+        what = f"nightly job, {sum(args.sizes) * len(bench_nightly.DOMAINS)} rows at max_num_seqs {args.concurrency}"
     shards = bench_nightly.shard_prompts(job)
     ids = row_ids(job)
     print(f"{what}; 2 cores; error: (reported saving - measured) / auto's generation")

@@ -81,7 +81,7 @@ def build(params: int = DEFAULT_PARAMS, out: Path | None = None, source: Path = 
     base = sum(t.numel() for t in weights.values())
     extra = max(0, round((params - base) / layer_params(config)))
     total = base + extra * layer_params(config)
-    stamp = {"source": str(source), "source_sha256": _source_digest(source), "appended_layers": extra,
+    stamp = {"source_sha256": _source_digest(source), "appended_layers": extra,
              "seed": seed, "parameters": total}
     if (out / STAMP).exists() and json.loads((out / STAMP).read_text()) == stamp:
         return out  # rewriting it would change nothing but the files' times

@@ -18,7 +18,7 @@ from .model import Costs
 KEEP_POINTS = 512  # clean steps kept per arm: what the step lines decisions cite are fitted on
 # How far apart whole calls of the two arms take over their price, at most: what a call at k stands
 # for a plain call with, where none ran. Measured: calls at k 1.08-1.09x, plain calls 1.06-1.08x
-# (bench_call_prices.py, docs/benchmarks.md, "Prompt prices").
+# (docs/history/benchmarks-log.md, "Prompt prices").
 ARMS_APART = 0.03
 STEPS_BASIS = ("each speculating row's verify steps and accepted tokens, priced with this run's step lines at the "
                "concurrency it ran at, less the draft's prefill; the interval is the step ratio's")
