@@ -98,6 +98,17 @@ def test_a_look_takes_an_equal_share_of_the_calls_concurrency_from_each_shard():
     assert isinstance(rule, InterleavedSteps) and not rule.guard and rule.dense
 
 
+def test_a_looks_plain_half_is_one_wave_dealt_over_the_shards():
+    """It times a plain step at the call's concurrency: one wave of rows, not as many again as the
+    look at k (at 8 rows at once that ran a third of the demo's 96 rows plain before deciding)."""
+    plan = planner(measure_in_call=True)
+    assert plan.plain_look_sizes([8] * 4, [24] * 4, 8) == [2] * 4  # the demo on its stand-in
+    assert plan.plain_look_sizes([32] * 8, [300] * 8, 256) == [32] * 8  # a full wave: as before
+    assert plan.plain_look_sizes([24] * 4, [24] * 4, 256) == [12] * 4  # shards the look takes whole: halves
+    assert plan.plain_look_sizes([5, 8], [5, 300], 16) == [2, 8]  # capped by each shard's share
+    assert plan.plain_look_sizes([8, 8], [9, 9], 2) == [1, 1]  # at least LOOK_LEAST, at most the rows beyond the look
+
+
 def test_each_shard_is_decided_from_its_own_rows_and_the_paired_step_costs():
     """A look's interleaved steps give the step costs at the concurrency (a k=4 step 3x a plain
     one); then a shard whose own rows made 3.5 tokens a verify step speculates and one whose rows

@@ -18,7 +18,7 @@ class DecisionKind(StrEnum):
     UNCALIBRATED = "uncalibrated"  # on: no costs and none to be measured, so the default
     MEASURING = "measuring"  # on: the call times its own plain and speculative steps (vllm)
     LOOK = "look"  # on: a sample of the shard's rows measures its own acceptance at k (vllm)
-    LOOK_PLAIN = "look_plain"  # off: as many rows run plain on the engine without speculation (vllm, two engines)
+    LOOK_PLAIN = "look_plain"  # off: a wave of rows runs plain on the engine without speculation (vllm, two engines)
     CANNOT_PAY = "cannot_pay"  # off: not even a draft that is always right would pay
     PROBE = "probe"  # on: no acceptance seen yet; a first look at the default k
     ON = "on"  # on: the cost model predicts a speedup past the threshold

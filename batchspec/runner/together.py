@@ -63,27 +63,27 @@ def _look(calls: Calls, works: list[ShardWork], spent: dict[int, float]
     """Run each shard's look rows (evenly spread over its rows) in one call at the call's
     concurrency, interleaved across shards, so that no shard's acceptance is another's; returns
     each shard's (own acceptance, tokens per verify step, rows, mean completion tokens) from them.
-    With a plain engine apart, as many rows again then run plain on it, timing the plain arm at
-    the same concurrency, until this run's plain steps reach the call's concurrency
-    (ActorPolicy.needs_plain_look)."""
+    With a plain engine apart, a wave of rows then runs plain on it (ActorPolicy.plain_look_sizes),
+    timing the plain arm at the same concurrency, until this run's plain steps reach the call's
+    concurrency (ActorPolicy.needs_plain_look)."""
     c = calls.concurrency(sum(len(w.valid) for w in works))
     sizes = calls.planner.look_sizes([len(w.valid) for w in works], c)
-    arms = 2 if calls.planner.needs_plain_look(c) else 1
-    totals = [min(len(w.valid), arms * n) for w, n in zip(works, sizes)]
-    for w, total in zip(works, totals):
-        _spread_first(w, total, arms)
-    spec_rows = [-(-total // arms) for total in totals]
-    batch = [(w, w.valid[i]) for i in range(max(spec_rows)) for w, n in zip(works, spec_rows) if i < n]
+    plain_sizes = (calls.planner.plain_look_sizes(sizes, [len(w.valid) for w in works], c)
+                   if calls.planner.needs_plain_look(c) else [0] * len(works))
+    sizes = [min(n, len(w.valid) - m) for w, n, m in zip(works, sizes, plain_sizes)]
+    for w, n, m in zip(works, sizes, plain_sizes):
+        _spread_first(w, n, m)
+    batch = [(w, w.valid[i]) for i in range(max(sizes)) for w, n in zip(works, sizes) if i < n]
     decision, rule = calls.planner.look(len(batch), len(works))
     _run_look(calls, works, batch, decision, rule, spent)
-    if arms == 2:  # the rest of each shard's spread rows, plain on the engine without speculation
-        plain = [(w, w.valid[n + i]) for i in range(max(sizes)) for w, n, total in zip(works, spec_rows, totals)
-                 if n + i < total]
-        if plain:
-            _run_look(calls, works, plain, *calls.planner.plain_look(len(plain), len(works)), spent)
+    if any(plain_sizes):  # rows of the shards, plain on the engine without speculation
+        plain = [(w, w.valid[n + i]) for i in range(max(plain_sizes)) for w, n, m in zip(works, sizes, plain_sizes)
+                 if i < m]
+        _run_look(calls, works, plain, *calls.planner.plain_look(len(plain), len(works)), spent)
     k = decision.k
     out = {}
-    for w, n, total in zip(works, spec_rows, totals):
+    for w, n, m in zip(works, sizes, plain_sizes):
+        total = n + m
         stats = [w.results[r.row_index][0].stats for r in w.valid[:n] if r.row_index in w.results]
         alpha, per_step = own_acceptance([(s.accepted_tokens, s.spec_rounds) for s in stats], k)
         lengths = [w.results[r.row_index][0].stats.completion_tokens for r in w.valid[:total] if r.row_index in w.results]
@@ -92,13 +92,15 @@ def _look(calls: Calls, works: list[ShardWork], spent: dict[int, float]
     return out
 
 
-def _spread_first(work: ShardWork, n: int, arms: int) -> None:
-    """Move n of the shard's rows, evenly spread over it, to the front of its rows to generate,
-    dealt to `arms` looks in turn (the first arm's rows first), so that each arm's rows spread over
-    the shard's prompt lengths alike (rows are sorted by prompt length)."""
-    step = len(work.valid) / n
-    picked = sorted({int(i * step) for i in range(n)})
-    dealt = [i for arm in range(arms) for i in picked[arm::arms]]
+def _spread_first(work: ShardWork, at_k: int, plain: int) -> None:
+    """Move at_k + plain of the shard's rows, evenly spread over it, to the front of its rows to
+    generate: first the look's rows at k, then its plain ones, each arm's rows spread over the
+    shard's prompt lengths alike (rows are sorted by prompt length)."""
+    total = at_k + plain
+    step = len(work.valid) / total
+    picked = [int(i * step) for i in range(total)]
+    to_plain = {picked[int(j * total / plain)] for j in range(plain)} if plain else set()
+    dealt = [i for i in picked if i not in to_plain] + [i for i in picked if i in to_plain]
     rest = set(picked)
     work.valid[:] = [work.valid[i] for i in dealt] + [r for i, r in enumerate(work.valid) if i not in rest]
 
