@@ -1071,8 +1071,8 @@ def test_the_plain_engine_is_on_by_default_where_a_call_can_run_plain_on_cpu(mon
 
 def test_with_a_plain_engine_the_look_times_each_arm_on_its_own_engine(tmp_path, hf_reference, monkeypatch, caplog):
     """auto with model.vllm_plain_engine, in process on the demo pair: each shard's look rows run
-    at k on the speculative engine (no plain blocks there) and as many again plain on the plain
-    engine, which is what the plain arm's step costs come from; each shard is then decided from its
+    at k on the speculative engine (no plain blocks there) and one wave plain on the plain engine
+    (16 rows at 16: 8 of each shard), which is what the plain arm's step costs come from; each shard is then decided from its
     own look rows, its plain rows run on the plain engine, and every row equals the hf reference.
     Each call once the lines exist logs what it took against what they priced it at."""
     import gc
