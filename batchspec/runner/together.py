@@ -63,9 +63,8 @@ def _look(calls: Calls, works: list[ShardWork], spent: dict[int, float]
     """Run each shard's look rows (evenly spread over its rows) in one call at the call's
     concurrency, interleaved across shards, so that no shard's acceptance is another's; returns
     each shard's (own acceptance, tokens per verify step, rows, mean completion tokens) from them.
-    With a plain engine apart, a wave of rows then runs plain on it (ActorPolicy.plain_look_sizes),
-    timing the plain arm at the same concurrency, until this run's plain steps reach the call's
-    concurrency (ActorPolicy.needs_plain_look)."""
+    With a plain engine apart, a wave of rows then runs plain on it (plain_look_sizes), timing the
+    plain arm at the call's concurrency, until this run's plain steps reach it (needs_plain_look)."""
     c = calls.concurrency(sum(len(w.valid) for w in works))
     sizes = calls.planner.look_sizes([len(w.valid) for w in works], c)
     plain_sizes = (calls.planner.plain_look_sizes(sizes, [len(w.valid) for w in works], c)
