@@ -4,14 +4,13 @@ so `batchspec --help` loads neither torch nor Ray."""
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
 
 import typer
 
 from .draft_kinds import HF_KINDS
-from .errors import error_line
+from .errors import BatchspecError, error_line
 
 app = typer.Typer(
     help="Offline batch LLM generation over Parquet shards, with per-shard speculative decoding.\n\n"
@@ -21,7 +20,7 @@ app = typer.Typer(
 
 SET_HELP = ("Override a spec key, e.g. --set generation.max_new_tokens=64 (repeatable). Values are YAML; a text "
             "setting takes the value as written, e.g. --set 'input.template=Summary: {contract}'.")
-EXIT_FAILED_SHARDS, EXIT_USAGE = 1, 2
+EXIT_FAILED_SHARDS, EXIT_USAGE, EXIT_CRASHED = 1, 2, 3
 
 
 def _print_version(value: bool) -> None:
@@ -62,11 +61,25 @@ def _die(msg: str, code: int = EXIT_USAGE) -> None:
     raise typer.Exit(code)
 
 
-def _load(job: str, overrides: list[str]):
+PARAM_HELP = ("Fill a {name} placeholder of the spec, e.g. --param ds=2026-12-05 for `output.path: out/dt={ds}` "
+              "(repeatable; the text as written). A placeholder without a value is refused and named.")
+
+
+def _params(pairs: list[str]) -> dict[str, str]:
+    from .spec import SpecError, parse_params
+
+    try:
+        return parse_params(pairs)
+    except SpecError as e:
+        _die(str(e))
+        raise  # unreachable: _die exits
+
+
+def _load(job: str, overrides: list[str], params: list[str] | None = None):
     from .spec import SpecError, load_spec
 
     try:
-        return load_spec(job, overrides)
+        return load_spec(job, overrides, _params(params or []))
     except SpecError as e:
         _die(str(e))
 
@@ -77,8 +90,9 @@ def _options(pairs: list[str]) -> dict:
     return parse_overrides(pairs)
 
 
-def _run(job: str, overrides: list[str], address: str | None, force: bool, quiet: bool, log_format: str,
-         require_existing: bool, worker_logs: bool = False, progress_every: float = 30.0) -> None:
+def _run(job: str, overrides: list[str], params: list[str], address: str | None, force: bool, quiet: bool,
+         log_format: str, require_existing: bool, worker_logs: bool = False, progress_every: float = 30.0,
+         metrics_file: str | None = None) -> None:
     from .runner.logs import configure
     from .runner.stderr import capture_stderr
 
@@ -88,34 +102,31 @@ def _run(job: str, overrides: list[str], address: str | None, force: bool, quiet
     # batchspec's INFO records stay off; json: every record, and every other stderr line wrapped.
     real_stderr = capture_stderr(log_format)
     configure(log_format, "WARNING" if quiet or log_format == "text" else "INFO")
-    spec = _load(job, overrides)
-    from .runner.job import submit
+    values = _params(params)
+    from . import api
     from .runner.lease import LeaseLost
-    from .runner.outcome import JobInterrupted, JobRefused
-    from .runner.plan import PlanError
+    from .runner.outcome import JobInterrupted
     from .runner.progress import Progress
 
-    if require_existing:
-        from .runner.store import OutputStore
-
-        if _guard(lambda: OutputStore(spec.output.path, spec.output.storage_options).read_job(), spec.output.path) is None:
-            _die(f"nothing to rerun at {spec.output.path} (no _batchspec/job.json); use `batchspec submit {job}`")
     progress = Progress(enabled=not quiet and log_format == "text", stream=real_stderr, every_s=progress_every)
-    # The rerun hint repeats the overrides: without them the spec (and its hash) differ, and rerun refuses.
-    again = " ".join([job] + [f"--set {shlex.quote(item)}" for item in overrides or []])
+    # The rerun hint repeats the overrides and params: without them the spec (and its hash) differ, and rerun refuses.
+    again = " ".join([job] + [f"--set {shlex.quote(item)}" for item in overrides or []]
+                     + [f"--param {shlex.quote(item)}" for item in params])
     ray_was_running = _ray_running()
     try:
         with progress:
             # Failed shards: the display tells them when it prints; otherwise (--quiet, JSON) the log does.
-            result = submit(spec, address=address, force=force, on_shard=progress.shard_done if progress.printing else None,
-                            on_plan=progress.planned, worker_logs=worker_logs)
-    except (JobRefused, PlanError) as e:
-        _die(str(e))
+            call = api.rerun if require_existing else api.submit
+            result = call(job, params=values, overrides=overrides, address=address, force=force, report=False,
+                          worker_logs=worker_logs, metrics_file=metrics_file,
+                          on_shard=progress.shard_done if progress.printing else None, on_plan=progress.planned)
     except LeaseLost as e:  # another run has the output now: say so, and leave it to that run
         typer.echo(f"error: {e}", err=True)
         if not ray_was_running:
             _stop_ray(worker_logs)
         raise typer.Exit(EXIT_FAILED_SHARDS) from None
+    except BatchspecError as e:  # refused, or input that cannot be planned: nothing was generated
+        _die(str(e))
     except JobInterrupted as e:
         st = e.status["shards"]
         # `rerun` needs a recorded job; interrupted while joining Ray, a new output has none yet.
@@ -126,7 +137,9 @@ def _run(job: str, overrides: list[str], address: str | None, force: bool, quiet
         if not ray_was_running:
             _stop_ray(worker_logs)  # recorded, or nothing written; a second Ctrl-C must not break Ray's shutdown
         raise typer.Exit(143 if e.terminated else 130) from None  # 128 + the signal, as a shell reports it
-    progress.summary(result)
+    except Exception as e:  # batchspec or Ray itself failed; job.json records the run as crashed
+        _crashed(e, again, ray_was_running, worker_logs)
+    progress.summary(result.summary_line())
     if not result.ok:
         typer.echo(f"error: {len(result.failed)} shard(s) failed: {', '.join(sorted(result.failed))}. Fix the cause, then "
                    f"`batchspec rerun {again}` redoes only the shards that are not done.", err=True)
@@ -134,6 +147,19 @@ def _run(job: str, overrides: list[str], address: str | None, force: bool, quiet
         _stop_ray(worker_logs)
     if not result.ok:
         raise typer.Exit(EXIT_FAILED_SHARDS)
+
+
+def _crashed(e: Exception, again: str, ray_was_running: bool, worker_logs: bool) -> None:
+    """A crash of batchspec or Ray (not a user mistake, not a failed shard): its traceback as one
+    log record (one JSON object under --log-format json), one line saying what to do, exit 3."""
+    import logging
+
+    logging.getLogger("batchspec.cli").error("run crashed: %s", error_line(e), exc_info=e)
+    typer.echo(f"error: the run crashed ({error_line(e)}); shards committed so far are kept and job.json records the "
+               f"run as crashed; `batchspec rerun {again}` continues once the cause is fixed", err=True)
+    if not ray_was_running:
+        _stop_ray(worker_logs)
+    raise typer.Exit(EXIT_CRASHED) from None
 
 
 def _ray_running() -> bool:
@@ -188,18 +214,23 @@ def _guard(fn, output: str):
         _die(f"cannot read {output}: {error_line(e)}{hint}")
 
 
-def _output_of(target: str, storage_option: list[str]) -> tuple[str, dict]:
+def _output_of(target: str, storage_option: list[str], params: list[str] | None = None) -> tuple[str, dict]:
     """(output path, storage options) from an output path or a job file (which knows both)."""
-    if target.endswith((".yaml", ".yml", ".json")) and os.path.isfile(target):
-        spec = _load(target, [])
-        return spec.output.path, {**spec.output.storage_options, **_options(storage_option)}
-    return target, _options(storage_option)
+    from .api import output_of
+    from .spec import SpecError
+
+    try:
+        return output_of(target, _params(params or []), _options(storage_option))
+    except SpecError as e:
+        _die(str(e))
+        raise  # unreachable: _die exits
 
 
 @app.command()
 def submit(
     job: str = typer.Argument(..., help="Job spec YAML, e.g. jobs/summarize_legal.yaml"),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    param: list[str] = typer.Option([], "--param", help=PARAM_HELP),
     address: str | None = typer.Option(None, help="Ray cluster address, host:port or ray://host:port (default: RAY_ADDRESS, else a local Ray "
                                       "started for this run). Refused at once when nothing answers there; a cluster "
                                       "with token authentication needs RAY_AUTH_MODE=token and its token."),
@@ -212,6 +243,9 @@ def submit(
                                                  "logs either way)."),
     progress_every: float = typer.Option(30.0, help="When stderr is not a terminal: seconds between progress lines "
                                                     "(the first shard, failed shards and the last always print)."),
+    metrics_file: str | None = typer.Option(None, help="Write the run's figures to this file in Prometheus' text "
+                                            "format (node exporter's textfile collector): rows, tokens, failed shards, "
+                                            "duration, and the last success time (docs/operations.md)."),
 ) -> None:
     """Run a job: every shard not yet committed at the output.
 
@@ -223,9 +257,14 @@ def submit(
     every shard is committed, 1 when some failed (rerun them) or another run took the output
     over (--force elsewhere: this run stops before its next shard), 2 on a usage error (also a
     first run whose input no shard could read: every file unreadable, or none with a column the
-    job reads; refused before Ray starts, nothing written), 130 when
+    job reads; refused before Ray starts, nothing written), 3 when batchspec or Ray itself
+    crashed (its traceback is one log record; job.json records the run as crashed), 130 when
     interrupted (Ctrl-C) and 143 when terminated (SIGTERM, e.g. a scheduler's timeout); after
-    either, rerun continues.
+    any of these, rerun continues.
+
+    --param name=value fills the spec's {name} placeholders (`output.path: out/dt={ds}`), so one
+    spec serves every night; the same API from Python: batchspec.submit(job, params=...)
+    (docs/api.md).
 
     An actor killed mid-shard (out of memory, a lost node) is restarted and the shard retried, 3
     attempts in all; a shard that kills its actor every time then fails alone (docs/operations.md).
@@ -244,14 +283,15 @@ def submit(
     or a draft pairing vLLM refuses) runs batchspec's own engine instead, and says so in a warning
     and in each manifest's backend_note (docs/engine.md).
     """
-    _run(job, set_, address, force, quiet, log_format, require_existing=False, worker_logs=worker_logs,
-         progress_every=progress_every)
+    _run(job, set_, param, address, force, quiet, log_format, require_existing=False, worker_logs=worker_logs,
+         progress_every=progress_every, metrics_file=metrics_file)
 
 
 @app.command()
 def rerun(
     job: str = typer.Argument(..., help="The job spec the output was written with."),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    param: list[str] = typer.Option([], "--param", help=PARAM_HELP),
     address: str | None = typer.Option(None, help="Ray cluster address, as for submit."),
     force: bool = typer.Option(False, help="Allow a changed spec or changed inputs (stale shards are regenerated), "
                                            "and take over another run's lease, as for submit."),
@@ -259,6 +299,9 @@ def rerun(
     log_format: str = typer.Option("text", help="text or json (every stderr line one JSON object)."),
     worker_logs: bool = typer.Option(False, help="Also print the actors' own log lines."),
     progress_every: float = typer.Option(30.0, help="As for submit."),
+    metrics_file: str | None = typer.Option(None, help="Write the run's figures to this file in Prometheus' text "
+                                            "format (node exporter's textfile collector): rows, tokens, failed shards, "
+                                            "duration, and the last success time (docs/operations.md)."),
 ) -> None:
     """Redo only the shards that are not done (failed, missing, or never started).
 
@@ -266,8 +309,8 @@ def rerun(
 
     Refused when the spec changed, or when the input of a committed shard changed, unless --force.
     """
-    _run(job, set_, address, force, quiet, log_format, require_existing=True, worker_logs=worker_logs,
-         progress_every=progress_every)
+    _run(job, set_, param, address, force, quiet, log_format, require_existing=True, worker_logs=worker_logs,
+         progress_every=progress_every, metrics_file=metrics_file)
 
 
 @app.command()
@@ -275,6 +318,7 @@ def status(
     output: str = typer.Argument(..., help="Output path of a job (local or s3://), or the job's spec file."),
     storage_option: list[str] = typer.Option([], "--storage-option", help="fsspec option, e.g. endpoint_url=http://..."),
     fmt: str = typer.Option("table", "--format", help="table or json."),
+    param: list[str] = typer.Option([], "--param", help="With a job file: " + PARAM_HELP),
     as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
 ) -> None:
     """Shards done, failed and pending, with rows and error rows.
@@ -291,7 +335,7 @@ def status(
 
     if fmt not in ("table", "json"):
         _die(f"--format must be table or json, not {fmt!r}")
-    path, opts = _output_of(output, storage_option)
+    path, opts = _output_of(output, storage_option, param)
     st = _guard(lambda: job_status(path, opts), path)
     if as_json or fmt == "json":
         typer.echo(json.dumps(st, indent=2))
@@ -306,6 +350,7 @@ def status(
 def validate(
     job: str = typer.Argument(..., help="Job spec YAML."),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    param: list[str] = typer.Option([], "--param", help=PARAM_HELP),
     skip_model: bool = typer.Option(False, help="Do not resolve the target and draft models."),
 ) -> None:
     """Check a job without generating: spec, shards, input columns and types, models, output path.
@@ -320,7 +365,7 @@ def validate(
     """
     from .runner.validate import validate_job
 
-    v = validate_job(_load(job, set_), check_model=not skip_model)
+    v = validate_job(_load(job, set_, param), check_model=not skip_model)
     typer.echo(f"{len(v.shards)} shard(s):")
     for s in v.shards[:50]:
         typer.echo(f"  {s.shard:<32} rows {s.rows if s.row_end >= 0 else '?':>8}  {s.path}")
@@ -369,13 +414,15 @@ def bench(
 
 @app.command()
 def report(
-    output: str = typer.Argument(..., help="Output path of a job (local or s3://), or the job's spec file."),
+    outputs: list[str] = typer.Argument(..., help="Output path of a job (local or s3://), or the job's spec file; a "
+                                                 "folder of outputs (out/ holding dt=*/), or several outputs: night over night."),
     gpu_hour_usd: float | None = typer.Option(None, help="Price of an actor-hour (default: the job's cost.gpu_hour_usd)."),
     fmt: str = typer.Option("table", "--format", help="table, json, csv or html."),
     out: str | None = typer.Option(None, help="Write to this file instead of stdout."),
     compare_to: str | None = typer.Option(None, "--compare", help="Another output to compare with: B/A ratios, each run's saving, and an "
                                            "auto run's saving beside a mode=off run of the same rows (docs/reports.md)."),
     storage_option: list[str] = typer.Option([], "--storage-option", help="fsspec option, e.g. endpoint_url=http://..."),
+    param: list[str] = typer.Option([], "--param", help="With a job file: " + PARAM_HELP),
 ) -> None:
     """Cost, acceptance and latency of a run, from committed shards only. The cost is the shards'
     actor time; the engines' loads are priced on their own line ("start-up $... more"). The saving
@@ -387,19 +434,40 @@ def report(
     Example: batchspec report out/summarize_legal --format html --out report.html
 
     Example: batchspec report out/last_night --compare out/spec_off
+
+    Given a folder of outputs (`batchspec report out/` over out/dt=*/) or several outputs, the
+    report is night over night instead: one line per run (a night rerun after a failure or a
+    SIGTERM has two) with rows, error rows, failed and rerun shards, tokens, actor-seconds, cost,
+    acceptance, the measured saving and the draft; --format html draws them (docs/reports.md).
+
+    Example: batchspec report out/ --format html --out nights.html
     """
-    from .report import build_report, compare, compare_text, render
+    from .reports.output import build_report, compare, compare_text, render
+    from .runner.store import OutputStore
 
     if fmt not in ("table", "json", "csv", "html"):
         _die(f"--format must be table, json, csv or html, not {fmt!r}")
-    path, opts = _output_of(output, storage_option)
+    paths = [_output_of(o, storage_option, param) for o in outputs]
+    path, opts = paths[0]
+    if len(paths) > 1 or not _guard(lambda: OutputStore(path, opts).read_job(), path):
+        if compare_to or fmt == "csv":
+            _die("--compare and --format csv take one output; night over night renders table, json or html")
+        from .reports import trend
+
+        _write(trend.render(_guard(lambda: trend.build_trend([p for p, _ in paths], opts, gpu_hour_usd), path), fmt), out)
+        return
     rep = _guard(lambda: build_report(path, opts, gpu_hour_usd), path)
     if compare_to:
-        other_path, other_opts = _output_of(compare_to, storage_option)
+        other_path, other_opts = _output_of(compare_to, storage_option, param)
         cmp = compare(rep, _guard(lambda: build_report(other_path, other_opts, gpu_hour_usd), other_path))
         text = json.dumps(cmp, indent=2, default=str) if fmt == "json" else compare_text(cmp)
     else:
         text = render(rep, fmt)
+    _write(text, out)
+
+
+def _write(text: str, out: str | None) -> None:
+    """A report to the file named, or to stdout."""
     if out:
         with open(out, "w") as f:
             f.write(text)

@@ -8,6 +8,11 @@ breaks a manifest's one-line `error`, a `batchspec status` table and a log line 
 from __future__ import annotations
 
 
+class BatchspecError(Exception):
+    """What a caller of batchspec's API catches: the job cannot run as asked (SpecError, JobRefused,
+    PlanError, LeaseLost). str() is the one message the CLI prints for it."""
+
+
 def error_line(e: BaseException, limit: int = 300, message: str | None = None) -> str:
     """'Type: first non-empty line of the message' (at most `limit` characters of it); the type
     alone when the message is empty, e.g. 'KeyboardInterrupt'. message: the text to take the line

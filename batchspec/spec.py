@@ -12,19 +12,43 @@ import copy
 import difflib
 import hashlib
 import json
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import draft_kinds
+from .errors import BatchspecError
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class InputSpec(_Strict):
+def normalised_path(path: str) -> str:
+    """A path as the spec keeps and hashes it: trailing slashes and, on local paths, "./" steps and
+    doubled slashes dropped, so `out/dt=2026-12-05/` and `out/dt=2026-12-05` are one output (a rerun
+    with the slash was refused as "a different spec")."""
+    scheme, sep, rest = path.partition("://")
+    if not sep:
+        scheme, rest = "", path
+    rest = rest.rstrip("/") or rest[:1]
+    if not sep and rest:
+        rest = posixpath.normpath(rest)
+    return f"{scheme}{sep}{rest}"
+
+
+class _Paths(_Strict):
+    @field_validator("path", mode="after", check_fields=False)
+    @classmethod
+    def _normalised(cls, v: str | None) -> str | None:
+        return normalised_path(v) if v else v
+
+
+class InputSpec(_Paths):
     path: str = Field(description="Parquet input: a file, a directory or prefix, or a glob; local or s3://.")
     prompt_column: str = Field("prompt", description="Column holding the prompt (text, or chat messages if format is chat).")
     id_column: str | None = Field(None, description='Column with a unique row id; default id is "<shard>:<row_index>".')
@@ -38,12 +62,12 @@ class InputSpec(_Strict):
         default_factory=dict, description="fsspec options, e.g. {endpoint_url: http://minio:9000} for a non-AWS S3.")
 
 
-class OutputSpec(_Strict):
+class OutputSpec(_Paths):
     path: str = Field(description="Output directory or s3:// prefix: part files plus _batchspec/ manifests.")
     storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for the output store.")
 
 
-class DraftSpecModel(_Strict):
+class DraftSpecModel(_Paths):
     kind: Literal[draft_kinds.NAMES] = Field(  # type: ignore[valid-type]
         "quantized", description="quantized copy of the target, separate model, layer_skip self-draft, ngram prompt lookup, "
         "medusa heads, an eagle or eagle3 feature draft (hf backend: batchspec's and the reference layouts; eagle3 "
@@ -90,6 +114,11 @@ class ModelSpec(_Strict):
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N. auto = CUDA when the actor has a GPU.")
     trust_remote_code: bool = Field(False, description="Run model code shipped with the checkpoint. Off unless you trust it.")
     storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for s3:// model prefixes.")
+
+    @field_validator("target", mode="after")
+    @classmethod
+    def _normalised(cls, v: str) -> str:
+        return normalised_path(v)
 
 
 class GenerationSpec(_Strict):
@@ -171,22 +200,16 @@ class JobSpec(_Strict):
         return v
 
     def output_hash(self) -> str:
-        """Hash of everything that changes what the rows contain. Resources, cost and storage
-        options (credentials, endpoints) are left out: more actors or a new endpoint do not make
-        committed output stale."""
-        # The backend and its engine arguments are left out too: greedy output is the same on both
-        # (the tests hold them to it), so switching engines does not make committed rows stale.
-        data = self.model_dump(mode="json", exclude={"resources": True, "cost": True, "name": True,
-                                                    "model": {"backend", "vllm_args", "vllm_plain_engine"}})
-        data["input"].pop("storage_options", None)
-        data["output"].pop("storage_options", None)
-        data["model"].pop("storage_options", None)
-        # Fields added after outputs were written count only when set, so an upgrade does not
-        # make every existing output "a different spec".
-        if data["model"]["draft"].get("tree_width") == 1:
-            data["model"]["draft"].pop("tree_width")
-        data["speculation"].pop("remember")  # where the policy starts from, not what rows contain
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+        """Hash of everything that changes what the rows contain (hashed_fields)."""
+        return hashlib.sha256(json.dumps(hashed_fields(self.model_dump(mode="json")), sort_keys=True).encode()).hexdigest()
+
+    def draft_used(self) -> str:
+        """The draft a run of the spec loads: its kind and checkpoint ("model models/legal-draft",
+        "ngram"); "none" under mode off, where the actors load none."""
+        draft = self.model.draft
+        if self.speculation.mode == "off" or draft.kind == "none":
+            return "none"
+        return f"{draft.kind} {draft.path}" if draft.path else draft.kind
 
     def masked(self) -> dict:
         """The spec as JSON with every storage option value masked (safe for job.json and logs)."""
@@ -194,6 +217,60 @@ class JobSpec(_Strict):
         for section in (data["input"], data["output"], data["model"]):
             section["storage_options"] = {k: _mask(k, v) for k, v in section["storage_options"].items()}
         return data
+
+
+def hashed_fields(data: dict) -> dict:
+    """The part of a spec (as JSON) that changes what the rows contain. Resources, cost and storage
+    options (credentials, endpoints) are left out: more actors or a new endpoint do not make
+    committed output stale."""
+    # The backend and its engine arguments are left out too: greedy output is the same on both
+    # (the tests hold them to it), so switching engines does not make committed rows stale.
+    data = {k: copy.deepcopy(v) for k, v in data.items() if k not in ("resources", "cost", "name")}
+    for key in ("backend", "vllm_args", "vllm_plain_engine"):
+        data["model"].pop(key, None)
+    for section in ("input", "output", "model"):
+        data[section].pop("storage_options", None)
+    # Fields added after outputs were written count only when set, so an upgrade does not
+    # make every existing output "a different spec".
+    if data["model"]["draft"].get("tree_width") == 1:
+        data["model"]["draft"].pop("tree_width")
+    data["speculation"].pop("remember", None)  # where the policy starts from, not what rows contain
+    return data
+
+
+def same_spec(recorded: dict, spec: JobSpec) -> bool:
+    """Whether an output's job.json (`spec_hash`, `spec`) was written by this spec: by its hash, or
+    by its recorded spec hashed as this version hashes (an output written before paths were
+    normalised, `out/` for `out`, is the same spec as ever)."""
+    if recorded.get("spec_hash") == spec.output_hash():
+        return True
+    try:
+        return JobSpec.model_validate(recorded.get("spec") or {}).output_hash() == spec.output_hash()
+    except ValidationError:  # a spec of another version's keys
+        return False
+
+
+def spec_differences(recorded: dict, spec: JobSpec, most: int = 4) -> list[str]:
+    """The hashed keys on which an output's recorded spec (job.json's `spec`) and this one differ,
+    as "key: recorded -> this" (long values cut), for the refusal that names them."""
+    def flat(data: dict, prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    def short(v: Any) -> str:
+        text = json.dumps(v)
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    try:
+        theirs = flat(hashed_fields(JobSpec.model_validate(recorded).model_dump(mode="json")))
+    except (ValidationError, KeyError, TypeError):
+        theirs = flat(recorded)
+    ours = flat(hashed_fields(spec.model_dump(mode="json")))
+    keys = [k for k in dict.fromkeys([*ours, *theirs]) if ours.get(k) != theirs.get(k)]
+    lines = [f"{k}: {short(theirs.get(k))} there, {short(ours.get(k))} here" for k in keys[:most]]
+    return lines + ([f"and {len(keys) - most} more"] if len(keys) > most else [])
 
 
 _SAFE_OPTION_KEYS = {"endpoint_url", "region_name", "anon", "use_ssl"}
@@ -205,7 +282,7 @@ def _mask(key: str, value: Any) -> Any:
     return "***"
 
 
-class SpecError(ValueError):
+class SpecError(BatchspecError, ValueError):
     """The job spec is invalid; str() is a readable list of problems."""
 
 
@@ -245,23 +322,102 @@ def _merge(base: dict, extra: dict) -> dict:
     return merged
 
 
-def spec_from_dict(data: dict, overrides: list[str] | None = None) -> JobSpec:
+Overrides = Mapping[str, Any] | Sequence[str]
+
+
+def _override_tree(overrides: Overrides | None, as_text: frozenset[tuple[str, ...]] = frozenset()) -> dict:
+    """--set pairs (["generation.max_new_tokens=64"], values read as YAML) or, from Python, a mapping
+    of key paths to values taken as they are ({"generation.max_new_tokens": 64}), as a nested dict."""
+    if isinstance(overrides, Mapping):
+        out: dict = {}
+        for key, value in overrides.items():
+            *parents, last = str(key).split(".")
+            node = out
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[last] = value
+        return out
+    return parse_overrides(list(overrides or []), as_text)
+
+
+def spec_from_dict(data: dict, overrides: Overrides | None = None, params: Mapping[str, str] | None = None) -> JobSpec:
+    """The spec from its YAML mapping, with overrides merged in (_override_tree) and {name}
+    parameters filled (fill_params)."""
     try:
-        return JobSpec.model_validate(_merge(data or {}, parse_overrides(overrides or [])))
+        return JobSpec.model_validate(fill_params(_merge(data or {}, _override_tree(overrides)), params))
     except ValidationError as e:
         # YAML reads "{contract}" or "Summary: {contract}" as a mapping; where a --set value
         # parsed so lands on a text setting, the user meant the text.
-        keys = {_key_path(p) for p in overrides or [] if "=" in p}
+        keys = {_key_path(p) for p in overrides or [] if "=" in p} if not isinstance(overrides, Mapping) else set()
         texts = frozenset(tuple(map(str, err["loc"])) for err in e.errors() if err["type"] == "string_type") & keys
         if not texts:
             raise SpecError(_explain(e)) from None
     try:
-        return JobSpec.model_validate(_merge(data or {}, parse_overrides(overrides or [], texts)))
+        return JobSpec.model_validate(fill_params(_merge(data or {}, _override_tree(overrides, texts)), params))
     except ValidationError as e:
         raise SpecError(_explain(e)) from None
 
 
-def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
+# {name} is a parameter; {{name}} is the text "{name}". Only identifiers: JSON such as {"a": 1} is left alone.
+_PLACEHOLDER = re.compile(r"\{\{([A-Za-z_]\w*)\}\}|\{([A-Za-z_]\w*)\}")
+# input.template's placeholders are the row's columns, filled per row (runner/read.py), never parameters.
+_ROW_TEMPLATES = {("input", "template")}
+
+
+def parse_params(pairs: list[str]) -> dict[str, str]:
+    """["ds=2026-12-05"] -> {"ds": "2026-12-05"}. Values are text as written (YAML would read a date)."""
+    params = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip().isidentifier():
+            raise SpecError(f"--param expects name=value with a name such as ds or run_date, got {pair!r}")
+        params[name.strip()] = value
+    return params
+
+
+def fill_params(data: dict, params: Mapping[str, str] | None) -> dict:
+    """Every {name} in the spec's strings (but input.template's) replaced by params[name], so one
+    spec serves every night: `output.path: out/dt={ds}` with `--param ds=2026-12-05`. The logical
+    date comes from the caller (a scheduler's `{{ ds }}`), never the clock. A placeholder without a
+    value, or a value no placeholder takes (a misspelt name), is a SpecError naming it."""
+    params = params or {}
+    used: set[str] = set()
+    missing: dict[str, str] = {}
+
+    def fill(value: Any, where: tuple[str, ...]) -> Any:
+        if isinstance(value, dict):
+            return {k: fill(v, (*where, str(k))) for k, v in value.items()}
+        if isinstance(value, list):
+            return [fill(v, where) for v in value]
+        if not isinstance(value, str) or where in _ROW_TEMPLATES:
+            return value
+
+        def one(m: re.Match) -> str:
+            if m.group(1):
+                return "{" + m.group(1) + "}"
+            name = m.group(2)
+            if name in params:
+                used.add(name)
+                return str(params[name])
+            missing.setdefault(name, ".".join(where))
+            return m.group(0)
+
+        return _PLACEHOLDER.sub(one, value)
+
+    filled = fill(data, ())
+    if missing:
+        name, where = next(iter(missing.items()))
+        more = f" (and {', '.join(sorted(missing)[1:])})" if len(missing) > 1 else ""
+        raise SpecError(f"the spec's {where} has the parameter {{{name}}}{more} but no value for it: pass --param "
+                        f"{name}=VALUE (params={{'{name}': ...}} from Python), or write {{{{{name}}}}} for the text itself")
+    unused = sorted(set(params) - used)
+    if unused:
+        raise SpecError(f"--param {unused[0]} is not a parameter of this spec (it takes "
+                        f"{', '.join(sorted(used)) or 'none'}): a misspelt name, or a spec without {{{unused[0]}}}")
+    return filled
+
+
+def load_spec(path: str | Path, overrides: Overrides | None = None, params: Mapping[str, str] | None = None) -> JobSpec:
     import yaml
 
     path = Path(path)
@@ -278,7 +434,7 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
         raise SpecError(f"{path} is not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path} must be a YAML mapping of job settings")
-    return spec_from_dict(data, overrides)
+    return spec_from_dict(data, overrides, params)
 
 
 def _explain(error: ValidationError) -> str:

@@ -253,7 +253,7 @@ def both_engines(code: str, job: Path, shards: dict[str, list[list[int]]], repea
 
 def auto(job: Path, out: Path, memory: Path, *sets: str) -> dict:
     """One batchspec submit, with its report's saving and each shard's decisions."""
-    from batchspec.report import build_report
+    from batchspec.reports.output import build_report
     from batchspec.runner.store import OutputStore
 
     res = batchspec(job, "vllm", out, *sets, memory=memory)

@@ -2,6 +2,7 @@
 
     python scripts/bench_report.py --rows 10000000 --parts 2000 [--repeats 2] [--out bench-report.json]
     python scripts/bench_report.py --rows 24000 --parts 1200 --rerun   # the 1,200-shard output
+    python scripts/bench_report.py --nights 30 --rows 20000 --parts 100  # night over night: 30 outputs of 100 shards
 
 The output is synthetic but follows the contract (docs/output.md): schema-v1 parts written by
 pyarrow with the writer's schema, one manifest per shard as the runner writes it, job.json with
@@ -11,6 +12,10 @@ some shards). Completions are ~60-character strings, so a reader that loads them
 
 `--rerun` also times `batchspec rerun` of the (complete) output, which must be a no-op; it
 needs the job's input, so the script writes a matching one-row-group input per shard.
+
+`--nights N` writes N such outputs under dt=2026-11-01/ ... (each --rows rows in --parts shards)
+and times `batchspec report ROOT` over all of them, night over night (issue 60's goal: 30 nights
+of 100 shards in 10 s and 1 GiB).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ WORDS = ("the parties agree that the term of this agreement shall begin on the e
 
 
 def write_output(root: Path, rows: int, parts: int, with_input: bool, seed: int = 0) -> None:
-    from batchspec.runner.store import OUTPUT_SCHEMA
+    from batchspec.runner.schema import OUTPUT_SCHEMA
     from batchspec.spec import spec_from_dict
 
     spec_hash = spec_from_dict(spec_dict(root)).output_hash()
@@ -96,7 +101,7 @@ def write_output(root: Path, rows: int, parts: int, with_input: bool, seed: int 
             manifest["saving"] = {"seconds": 0.1, "low": 0.05, "high": 0.15, "rows": n, "steps": 10, "basis": "synthetic"}
         (root / "out" / "_batchspec" / "shards" / f"{shard}.json").write_text(json.dumps(manifest))
     job = {"name": "synthetic", "job_id": "synthetic", "status": "succeeded", "shards": shards,
-           "spec": spec_dict(root), "spec_hash": spec_hash, "runs": [{"wall_s": 600.0, "status": "succeeded"}]}
+           "spec": spec_dict(root), "spec_hash": spec_hash, "runs": [{"job_id": "synthetic", "wall_s": 600.0, "status": "succeeded"}]}
     (root / "out" / "_batchspec" / "job.json").write_text(json.dumps(job))
     (root / "out" / "_batchspec" / "_SUCCESS").write_text("{}")
 
@@ -117,6 +122,31 @@ def timed(cmd: list[str]) -> dict:
     return json.loads(out.stdout)
 
 
+def bench_nights(root: Path, args: argparse.Namespace) -> None:
+    """The trend report over --nights outputs: JSON and HTML, each in a fresh process."""
+    t = time.perf_counter()
+    for day in range(1, args.nights + 1):
+        night = root / f"dt=2026-11-{day:02d}"
+        if not (night / "out" / "_batchspec" / "job.json").exists():
+            write_output(night, args.rows, args.parts, False, seed=day)
+    print(f"{args.nights} nights of {args.parts} shards under {root} in {time.perf_counter() - t:.0f} s", flush=True)
+    bs = [sys.executable, "-m", "batchspec.cli", "report", str(root)]
+    results: dict[str, list[dict]] = {"trend_json": [], "trend_html": []}
+    for _ in range(args.repeats):
+        for name, cmd in (("trend_json", [*bs, "--format", "json"]),
+                          ("trend_html", [*bs, "--format", "html", "--out", str(root / "trend.html")])):
+            r = timed(cmd)
+            results[name].append(r)
+            print(f"{name:<15} rc {r['rc']}  {r['wall_s']:6.1f} s  peak {r['peak_rss_mib']:7.0f} MiB"
+                  + (f"  {r['stderr'].strip()[-200:]}" if r["rc"] else ""), flush=True)
+    summary = {name: {"wall_s_median": statistics.median(r["wall_s"] for r in rs),
+                      "peak_rss_mib_max": max(r["peak_rss_mib"] for r in rs), "rc": [r["rc"] for r in rs]}
+               for name, rs in results.items()}
+    Path(args.out).write_text(json.dumps({"nights": args.nights, "rows": args.rows, "parts": args.parts,
+                                          "cpus": os.cpu_count(), "summary": summary, "runs": results}, indent=2))
+    print(json.dumps(summary, indent=2))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=10_000_000)
@@ -125,8 +155,12 @@ def main() -> None:
     ap.add_argument("--rerun", action="store_true", help="also time a rerun of the complete output (writes an input)")
     ap.add_argument("--work", help="reuse (or keep) the synthetic output here")
     ap.add_argument("--out", default="bench-report.json")
+    ap.add_argument("--nights", type=int, default=0, help="write this many outputs (dt=...) and time the report over them")
     args = ap.parse_args()
     root = Path(args.work or tempfile.mkdtemp(prefix="bs-report-"))
+    if args.nights:
+        bench_nights(root, args)
+        return
     if not (root / "out" / "_batchspec" / "job.json").exists():
         t = time.perf_counter()
         write_output(root, args.rows, args.parts, args.rerun)

@@ -52,7 +52,7 @@ def measure(page_html: str, width: int = 1400, png: str | None = None, height: i
 
 
 def main() -> None:
-    from batchspec.report import build_report, to_html
+    from batchspec.reports.output import build_report, to_html
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("output", help="a job's output path")

@@ -324,6 +324,52 @@ def test_user_mistakes_are_one_line_and_exit_2(models_dir, tmp_path, monkeypatch
     assert "is a directory, not a job spec file" in one_line_error(cli.invoke(app, ["submit", str(tmp_path)]))
 
 
+def test_params_fill_the_spec_and_a_missing_one_is_named(models_dir, tmp_path):
+    """Issue 60: `output.path: out/dt={ds}` with --param ds=..., on every command that reads the
+    spec; without it, one line naming the parameter, exit 2, nothing written."""
+    job = write_job(models_dir, tmp_path, shards=1, rows=2, max_new=4)
+    spec = yaml.safe_load(job.read_text())
+    spec["output"]["path"] = str(tmp_path / "out" / "dt={ds}")
+    job.write_text(yaml.safe_dump(spec))
+    missing = run_cli("submit", str(job))
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing.stderr
+    assert "output.path has the parameter {ds} but no value for it: pass --param ds=VALUE" in missing.stderr
+    assert not (tmp_path / "out").exists()
+    res = run_cli("submit", str(job), "--param", "ds=2026-12-05", "--quiet")
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "out" / "dt=2026-12-05" / "_batchspec" / "_SUCCESS").exists()
+    st = run_cli("status", str(job), "--param", "ds=2026-12-05", "--json")
+    assert json.loads(st.stdout)["complete"] and st.returncode == 0
+    assert run_cli("validate", str(job), "--param", "ds=2026-12-05", "--skip-model").returncode == 0
+    typo = run_cli("status", str(job), "--param", "dS=2026-12-05")
+    assert typo.returncode == 2 and "{ds} but no value" in typo.stderr
+
+
+def test_a_crash_of_batchspec_itself_is_exit_3_one_record_and_recorded(models_dir, tmp_path):
+    """Issue 60: a crash (here the runner raising once Ray is up and the lease taken) was exit 1,
+    like a failed shard, with the traceback spread over many records and job.json left `running`.
+    Now: exit 3, stdout empty, every stderr line JSON, the traceback inside one record, the run
+    recorded as crashed with its wall time, and `status` agreeing."""
+    job = write_job(models_dir, tmp_path, shards=1, rows=2)
+    code = ("import sys, batchspec.runner.job as j\n"
+            "def boom(plan):\n    raise RuntimeError('the runner broke\\nsecond line')\n"
+            "j.run = boom\nfrom batchspec.cli import main\n"
+            "sys.argv = ['batchspec', 'submit', sys.argv[1], '--log-format', 'json']\nmain()\n")
+    res = subprocess.run([sys.executable, "-c", code, str(job)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 3, res.stderr
+    assert res.stdout == ""
+    records = [json.loads(line) for line in res.stderr.splitlines()]
+    crashed = [r for r in records if r["msg"].startswith("run crashed")]
+    assert len(crashed) == 1 and "Traceback" in crashed[0]["traceback"] and "second line" in crashed[0]["traceback"]
+    assert any(r["msg"].startswith("error: the run crashed (RuntimeError: the runner broke)") for r in records), records
+    recorded = json.loads((tmp_path / "job-out" / "_batchspec" / "job.json").read_text())
+    run = recorded["runs"][-1]
+    assert recorded["status"] == run["status"] == "crashed" and run["error"] == "RuntimeError: the runner broke"
+    assert run["wall_s"] > 0 and run["pending"] == 1
+    st = run_cli("status", str(job), "--json")
+    assert st.returncode == 1 and json.loads(st.stdout)["job_status"] == "crashed"
+
+
 def test_status_and_report_on_s3_without_endpoint_are_one_line(monkeypatch):
     for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(k, raising=False)

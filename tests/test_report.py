@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from batchspec.cli import app
-from batchspec.report import build_report, compare, compare_text, to_html, to_text
+from batchspec.reports.output import build_report, compare, compare_text, to_html, to_text
 from batchspec.runner.schema import OUTPUT_SCHEMA
 from batchspec.runner.store import OutputStore
 
@@ -130,7 +130,7 @@ def test_report_histograms_count_every_value(tmp_path):
     """The HTML's histograms count in bins (numpy), not over a list of every row's value."""
     import polars as pl
 
-    from batchspec.report import _bars, _histogram
+    from batchspec.reports.output import _bars, _histogram
 
     page = _histogram("t", pl.Series([0.0, 0.05, 0.5, 1.0, None]), bins=10, lo=0.0, hi=1.0)
     assert page.count(">2 rows<") == 1 and page.count(">1 rows<") == 2 and page.count(">0 rows<") == 7
@@ -384,7 +384,7 @@ def test_html_fits_1400px_in_chromium(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
     from report_screenshot import find_browser, measure
 
-    from batchspec.report import to_html
+    from batchspec.reports.output import to_html
 
     if find_browser() is None:
         pytest.skip("no Chromium here (apt-get install chromium; .ci/run installs it)")

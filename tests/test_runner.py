@@ -160,7 +160,7 @@ def test_rerun_with_changed_spec_is_refused_unless_forced(models_dir, ray_sessio
     spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"))
     assert submit(spec).ok
     changed = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"), generation__max_new_tokens=5)
-    with pytest.raises(JobRefused, match="different spec"):
+    with pytest.raises(JobRefused, match=r"different spec \(generation.max_new_tokens: \d+ there, 5 here\)"):
         submit(changed)
     forced = submit(changed, force=True)
     assert forced.ok and forced.done == ["prompts-0000"]
@@ -186,6 +186,32 @@ def test_a_changed_spec_is_taken_where_nothing_was_committed(models_dir, tmp_pat
                                           "rows_out": 3})
     with pytest.raises(JobRefused, match="different spec"):
         prepare(spec)
+
+
+def test_a_trailing_slash_is_the_same_spec_and_a_change_is_named(models_dir, tmp_path):
+    """Issue 60: `out/dt=…/` after a run with `out/dt=…` was refused as "a different spec" with two
+    hashes. Paths are normalised before hashing; an output recorded by a version that hashed the
+    slash is still this spec (its recorded spec hashed as now); a real change names its key."""
+    from batchspec.runner.plan import plan_shards
+    from batchspec.runner.todo import prepare
+
+    write_prompt_shards(local_writer(tmp_path / "in"), 1, 3)
+    spec = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"))
+    slashed = make_spec(models_dir, str(tmp_path / "in") + "/", str(tmp_path / "out") + "//")
+    assert slashed.output.path == spec.output.path and slashed.output_hash() == spec.output_hash()
+    store = OutputStore(str(tmp_path / "out"))
+    recorded = {**spec.masked(), "output": {**spec.masked()["output"], "path": str(tmp_path / "out") + "/"}}
+    store.write_job({"name": "t", "spec_hash": "1" * 64, "spec": recorded, "runs": []})  # hashed with the slash
+    store.write_part("prompts-0000", pa.table({"id": ["x"]}))
+    fingerprint = plan_shards(str(tmp_path / "in"))[0].fingerprint
+    store.write_manifest("prompts-0000", {"shard": "prompts-0000", "status": "done", "part": store.part_name("prompts-0000"),
+                                          "rows_out": 3, "spec_hash": "1" * 64, "input": fingerprint})
+    _, shards, todo, _ = prepare(slashed)
+    assert todo == [] and len(shards) == 1
+    assert prepare(slashed, force=True)[2] == []  # the shard's own older hash is this spec's too: not stale
+    changed = make_spec(models_dir, str(tmp_path / "in"), str(tmp_path / "out"), generation__seed=7)
+    with pytest.raises(JobRefused, match=r"different spec \(generation.seed: 0 there, 7 here\)"):
+        prepare(changed)
 
 
 def test_changed_input_of_a_done_shard_is_refused(models_dir, ray_session, tmp_path):
@@ -691,7 +717,7 @@ def test_lease_on_another_host_goes_stale_after_missed_heartbeats(tmp_path):
 
 def test_an_output_written_before_data_dir_is_still_read(models_dir, tmp_path):
     """Parts at the top of the output (the layout before data/): committed, counted, reported."""
-    from batchspec.report import build_report
+    from batchspec.reports.output import build_report
 
     store = OutputStore(str(tmp_path / "out"))
     rows = [{**{f.name: None for f in OUTPUT_SCHEMA}, "id": "a", "shard": "s", "row_index": 0, "completion": "x",

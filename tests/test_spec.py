@@ -13,7 +13,15 @@ from typer.testing import CliRunner
 
 from batchspec.cli import app
 from batchspec.schemas import rendered
-from batchspec.spec import SpecError, load_spec, spec_from_dict
+from batchspec.spec import (
+    SpecError,
+    load_spec,
+    normalised_path,
+    parse_params,
+    same_spec,
+    spec_differences,
+    spec_from_dict,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = {"name": "j", "input": {"path": "in/"}, "output": {"path": "out/"}, "model": {"target": "m"}}
@@ -65,6 +73,35 @@ def test_yaml_is_loaded_safely(tmp_path):
     job.write_text("name: !!python/object/apply:os.system ['echo pwned']\n")
     with pytest.raises(SpecError, match="not valid YAML"):
         load_spec(job)
+
+
+def test_parameters_fill_the_spec_and_a_missing_or_misspelt_one_is_named():
+    """Issue 60: one spec for every night, `out/dt={ds}` with ds from the caller. input.template's
+    {column} placeholders are the rows' columns, never parameters; {{name}} is the text itself."""
+    data = {**BASE, "input": {"path": "in/dt={ds}/", "template": "Summarize {prompt}"},
+            "output": {"path": "s3://b/out/dt={ds}/"}, "generation": {"stop": ["{{ds}}", '{"a": 1}']}}
+    spec = spec_from_dict(data, params={"ds": "2026-12-05"})
+    assert spec.input.path == "in/dt=2026-12-05" and spec.output.path == "s3://b/out/dt=2026-12-05"
+    assert spec.input.template == "Summarize {prompt}" and spec.generation.stop == ["{ds}", '{"a": 1}']
+    set_too = spec_from_dict(BASE, ["output.path=out/{ds}/{hour}"], params={"ds": "d", "hour": "07"})
+    assert set_too.output.path == "out/d/07"
+    with pytest.raises(SpecError, match=r"input.path has the parameter \{ds\} but no value for it: pass --param ds="):
+        spec_from_dict(data)
+    with pytest.raises(SpecError, match="--param dS is not a parameter of this spec"):
+        spec_from_dict(data, params={"ds": "x", "dS": "y"})
+    with pytest.raises(SpecError, match="--param expects name=value"):
+        parse_params(["2026-12-05"])
+    assert parse_params(["ds=2026-12-05", "note=a=b"]) == {"ds": "2026-12-05", "note": "a=b"}  # text, not a YAML date
+
+
+def test_paths_are_normalised_so_a_trailing_slash_is_one_spec():
+    a = spec_from_dict({**BASE, "input": {"path": "./in//"}, "output": {"path": "s3://bucket/out/"}})
+    b = spec_from_dict({**BASE, "input": {"path": "in"}, "output": {"path": "s3://bucket/out"}})
+    assert (a.input.path, a.output.path) == ("in", "s3://bucket/out") and a.output_hash() == b.output_hash()
+    assert normalised_path("/") == "/" and normalised_path("s3://b/") == "s3://b" and normalised_path("in/*.parquet") == "in/*.parquet"
+    recorded = {**b.masked(), "output": {**b.masked()["output"], "path": "s3://bucket/other"}}
+    assert spec_differences(recorded, a) == ['output.path: "s3://bucket/other" there, "s3://bucket/out" here']
+    assert same_spec({"spec_hash": "0" * 64, "spec": {**a.masked(), "output": {"path": "s3://bucket/out/"}}}, a)
 
 
 def test_secrets_are_masked_and_do_not_change_the_output_hash():

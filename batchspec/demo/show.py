@@ -22,7 +22,7 @@ def main(output: str = "out/summarize_legal", data: str = "jobs/data/legal", n: 
     acc = float(spec_rows["accepted_tokens"].sum()) / float(spec_rows["draft_tokens"].sum()) if spec_rows.height else None
     print(f"{parts.height} rows in {output}/data; {spec_rows.height} with speculation on"
           + (f", acceptance {acc:.2f}" if acc is not None else ""))
-    from ..report import build_report, to_text
+    from ..reports.output import build_report, to_text
 
     print(to_text(build_report(output)).splitlines()[1])  # the saving, measured in the run, with its interval
     print(f"the whole report: batchspec report {output}; status: batchspec status {output}")

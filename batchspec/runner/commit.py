@@ -97,12 +97,24 @@ def _count_errors(rows: list[dict]) -> dict:
     return counts
 
 
-def fail_shard(store: OutputStore, job_id: str, worker: str, shard: Shard, e: Exception) -> dict:
-    """The shard's failed manifest, written when the store can be reached at all; returned either way."""
+def earlier_errors(previous: dict) -> list[dict]:
+    """A shard's failures before this attempt, oldest first: its manifest's own list, and its last
+    attempt's error when that failed. Kept in every later manifest, so a shard committed on its
+    rerun still says why it failed before (`status`, `report`)."""
+    kept = list(previous.get("earlier_errors") or [])
+    if previous.get("status") == "failed" and previous.get("error"):
+        kept.append({"job_id": previous.get("job_id"), "error": previous["error"], "at": previous.get("finished_at")})
+    return kept
+
+
+def fail_shard(store: OutputStore, job_id: str, worker: str, shard: Shard, e: Exception, base: dict | None = None) -> dict:
+    """The shard's failed manifest, written when the store can be reached at all; returned either way.
+    base: the attempt's manifest so far (ShardWork.base), whose attempt count and earlier errors it keeps."""
     error = error_line(e)
     log_event(log, f"shard failed: {error}", logging.ERROR, job=job_id, shard=shard.shard)
+    kept = {k: base[k] for k in ("attempts", "earlier_errors") if base and k in base}
     manifest: dict[str, Any] = {"shard": shard.shard, "job_id": job_id, "status": "failed", "error": error,
-                "input": shard.fingerprint, "worker": worker, "finished_at": now_iso()}
+                "input": shard.fingerprint, "worker": worker, "finished_at": now_iso(), **kept}
     try:
         store.write_manifest(shard.shard, manifest)
     except Exception as write_error:

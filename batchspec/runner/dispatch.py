@@ -66,7 +66,8 @@ def run(plan: RunPlan) -> JobResult:
     still_ours(plan.lease, job_id, len(reported))
     store.write_job(job_record(spec, job_id, shards, store.read_job(), status=status, result=result, backend=backend))
     if result.ok:
-        store.mark_success({"job_id": job_id, "shards": len(shards), "rows": result.rows, "finished_at": now_iso()})
+        store.mark_success({"name": spec.name, "output": spec.output.path, "job_id": job_id, "spec_hash": spec.output_hash(),
+                            "shards": len(shards), "rows": result.rows, "error_rows": result.error_rows, "finished_at": now_iso()})
     startup = {f"startup_{k}": round(v, 2) for k, v in (result.startup or {}).items() if v is not None}
     log_event(log, f"job {status}", job=job_id, done=len(result.done), failed=len(result.failed),
               skipped=len(result.skipped), seconds=round(result.wall_s, 1), **startup)

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable
 
 from ..engine.backend import BackendChoice
+from ..errors import error_line
 from ..spec import JobSpec
 from .cluster import actor_env_vars, actor_threads, init_ray
 from .dispatch import RunPlan, run
@@ -22,9 +23,9 @@ from .lease import Lease, LeaseHeld
 from .logs import log_event
 from .outcome import JobInterrupted, JobRefused, JobResult
 from .plan import Shard
-from .record import run_entry, status
+from .record import job_record, run_entry, status
 from .signals import ctrl_c_kept, sigterm_as_interrupt, sigterm_seen
-from .store import OutputStore, now_iso
+from .store import now_iso
 from .todo import input_problem, prepare
 
 log = logging.getLogger("batchspec.job")
@@ -76,15 +77,19 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
     if taken:
         log_event(log, taken, logging.WARNING, job=job_id)
     sigterm_seen.clear()  # an earlier run in this process may have been terminated
+    plan = RunPlan(spec, store, shards, todo, job_id, backend, t0, ray_s, lease, on_shard)
     try:
         with sigterm_as_interrupt():
-            return run(RunPlan(spec, store, shards, todo, job_id, backend, t0, ray_s, lease, on_shard))
+            return run(plan)
     except JobInterrupted:
         raise
     except KeyboardInterrupt:
         terminated = sigterm_seen.is_set()
-        st = _interrupted(spec, store, shards, job_id, backend, "SIGTERM" if terminated else "Ctrl-C", lease)
+        st = _ended(plan, "interrupted", {"interrupted_by": "SIGTERM" if terminated else "Ctrl-C"})
         raise JobInterrupted(job_id, st, terminated=terminated) from None
+    except Exception as e:  # batchspec or Ray itself failed: recorded, never left "running"
+        _ended(plan, "crashed", {"error": error_line(e)})
+        raise
     finally:
         lease.release()
 
@@ -121,22 +126,28 @@ class _ModelCheck(threading.Thread):
             raise self._error
         return self._problems or []
 
-def _interrupted(spec: JobSpec, store: OutputStore, shards: list[Shard], job_id: str, backend: BackendChoice, by: str,
-                 lease: Lease | None = None) -> dict:
+def _ended(plan: RunPlan, how: str, why: dict) -> dict:
+    """Record a run that ended without a result (interrupted: Ctrl-C or SIGTERM; crashed: an
+    exception of batchspec or Ray, maybe before the run was recorded) in job.json, with its wall
+    time and what it left done; returns status() of the output."""
+    spec, store, job_id, lease = plan.spec, plan.store, plan.job_id, plan.lease
+    if store.read_job() is None:
+        store.write_job(job_record(spec, job_id, plan.shards, None, status="running", backend=plan.backend))
     st = status(spec.output.path, spec.output.storage_options)
     if lease is not None and lease.lost:
         # Another run holds the output now and job.json is its record: an interrupt of this
         # displaced run marked the holder's own run "interrupted" before.
-        log_event(log, "job interrupted after its lease was lost", logging.WARNING, job=job_id, by=by, why=lease.lost)
+        log_event(log, f"job {how} after its lease was lost", logging.WARNING, job=job_id, **why, lost=lease.lost)
         return st
     job = store.read_job() or {}
     runs = job.get("runs") or []
-    run_entry(runs, job_id).update({"status": "interrupted", "interrupted_by": by, "finished_at": now_iso(),
-                                     "done": st["shards"]["done"], "pending": st["shards"]["pending"] + st["shards"]["failed"]})
-    job.update({"status": "interrupted", "runs": runs, "updated_at": now_iso()})
+    counts = st["shards"]
+    run_entry(runs, job_id).update({"status": how, **why, "finished_at": now_iso(), "wall_s": time.perf_counter() - plan.started,
+                                     "done": counts["done"], "pending": counts["pending"] + counts["failed"]})
+    job.update({"status": how, "runs": runs, "updated_at": now_iso()})
     store.write_job(job)
-    log_event(log, "job interrupted", logging.WARNING, job=job_id, by=by, done=st["shards"]["done"],
-              pending=st["shards"]["pending"], failed=st["shards"]["failed"])
+    log_event(log, f"job {how}", logging.ERROR if how == "crashed" else logging.WARNING, job=job_id, **why,
+              done=counts["done"], pending=counts["pending"], failed=counts["failed"])
     return st
 
 

@@ -36,6 +36,7 @@ import socket
 import threading
 import time
 
+from ..errors import BatchspecError
 from .lease_state import DEFAULT_TIMEOUT_S, HEARTBEAT_S, lease_path, process_started, stale_after, takeover_reason
 from .store import OutputStore
 
@@ -44,7 +45,7 @@ class LeaseHeld(RuntimeError):
     pass
 
 
-class LeaseLost(RuntimeError):
+class LeaseLost(BatchspecError, RuntimeError):
     """Another run took this run's lease over while it ran (`--force`, or a heartbeat that went
     stale): this run stops before its next shard and writes no more of the job's records."""
 

@@ -36,6 +36,8 @@ class JsonFormatter(logging.Formatter):
         data = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)), "level": record.levelname,
                 "logger": record.name, "msg": record.getMessage()}
         data.update(_ids(record))
+        if record.exc_info:  # a traceback stays inside its one record
+            data["traceback"] = self.formatException(record.exc_info)
         return json.dumps(data, default=str)
 
 
@@ -43,7 +45,8 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         extra = " ".join(f"{k}={v}" for k, v in _ids(record).items() if v is not None)  # json keeps nulls
         base = f"{time.strftime('%H:%M:%S', time.localtime(record.created))} {record.levelname:<7} {record.getMessage()}"
-        return f"{base} {extra}".rstrip()
+        trace = f"\n{self.formatException(record.exc_info)}" if record.exc_info else ""
+        return f"{base} {extra}".rstrip() + trace
 
 
 # Ray's notices that say nothing to a batchspec user (we turn the progress bars off ourselves;

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import BatchspecError
 
-class JobRefused(RuntimeError):
+
+class JobRefused(BatchspecError, RuntimeError):
     """The run cannot start: it would mix outputs of different specs or inputs (or overlap input
     and output), another run holds the output, or the Ray cluster named cannot be joined."""
 

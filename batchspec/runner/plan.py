@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import fsspec
 import pyarrow.parquet as pq
 
-from ..errors import error_line
+from ..errors import BatchspecError, error_line
 
 
 def safe_name(name: str) -> str:
@@ -24,7 +24,7 @@ def safe_name(name: str) -> str:
     return cleaned.replace("..", "_")
 
 
-class PlanError(ValueError):
+class PlanError(BatchspecError, ValueError):
     """The input cannot be planned (nothing there, not reachable); str() says what to check."""
 
 
@@ -52,9 +52,10 @@ class Shard:
         """The manifest holds as many rows as this shard's input has now."""
         return manifest.get("rows_out") == self.rows
 
-    def is_stale(self, manifest: dict | None, spec_hash: str) -> bool:
-        """The manifest is missing, or was written from other input or another spec."""
-        return not manifest or manifest.get("input") != self.fingerprint or manifest.get("spec_hash") != spec_hash
+    def is_stale(self, manifest: dict | None, *spec_hashes: str) -> bool:
+        """The manifest is missing, or was written from other input or another spec (a hash not
+        among the spec's: this version's, and the one its output recorded before paths were normalised)."""
+        return not manifest or manifest.get("input") != self.fingerprint or manifest.get("spec_hash") not in spec_hashes
 
 
 def list_input_files(path: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, list[str], str]:

@@ -100,17 +100,10 @@ class Progress:
             return elapsed
         return min(elapsed, max(time.time() - self.first_start, 0.0))
 
-    def summary(self, result) -> None:
-        if not self.printing:
-            return
-        accepted = acceptance_rate(result.accepted_tokens, result.draft_tokens)
-        acc = (f"{accepted:.2f}" if accepted is not None
-               else "n/a (speculation off)" if result.completion_tokens else "n/a (nothing generated)")
-        self.console.print(
-            f"{'done' if result.ok else 'FAILED'}: {len(result.done)} shard(s) run, {len(result.skipped)} already done, "
-            f"{len(result.failed)} failed | {result.rows} rows ({result.error_rows} error rows) | "
-            f"{result.completion_tokens} tokens in {result.wall_s:.1f}s ({result.tokens_per_s:.0f} tok/s)"
-            f"{startup_text(result.startup)} | acceptance {acc} | output {result.output}")
+    def summary(self, line: str) -> None:
+        """The run's closing line (batchspec.api.Run.summary_line)."""
+        if self.printing:
+            self.console.print(line)
 
 
 def startup_text(startup: dict | None) -> str:
@@ -138,6 +131,8 @@ def print_status(st: dict, stream=None) -> None:
     for col in ("shard", "status", "rows", "error rows", "attempts", "error"):
         table.add_column(col)
     for r in shards:
-        table.add_row(r["shard"], r["status"], str(r["rows"] or ""), str(r["error_rows"]), str(r["attempts"]),
-                      (r["error"] or "")[:80])
+        # A shard committed on a rerun says why it failed before: "(failed before: ...)".
+        before = r.get("earlier_errors") or []
+        error = r["error"] or (f"(failed before: {before[-1]['error']})" if before else "")
+        table.add_row(r["shard"], r["status"], str(r["rows"] or ""), str(r["error_rows"]), str(r["attempts"]), error[:80])
     Console(file=stream).print(table)

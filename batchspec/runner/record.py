@@ -73,7 +73,7 @@ def status(output: str, storage_options: dict | None = None) -> dict:
             state = "pending"  # manifest without its part: not done
         rows.append({"shard": shard, "status": state, "rows": (m or {}).get("rows_out"),
                      "error_rows": (m or {}).get("error_rows", 0), "attempts": (m or {}).get("attempts", 0),
-                     "error": (m or {}).get("error")})
+                     "error": (m or {}).get("error"), "earlier_errors": (m or {}).get("earlier_errors") or []})
     counts = {k: sum(r["status"] == k for r in rows) for k in ("done", "failed", "pending")}
     job_status = job.get("status")
     if job_status == "running":

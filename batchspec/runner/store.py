@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from .plan import Shard
 
 # What the runner and `status` read of a manifest to count its shard (store.manifests(keep=...)).
-COUNTED = ("shard", "status", "part", "rows_out", "error_rows", "error", "attempts", "input", "spec_hash", "tokens")
+COUNTED = ("shard", "status", "part", "rows_out", "error_rows", "error", "attempts", "input", "spec_hash", "tokens",
+           "earlier_errors")
 
 
 class OutputStore(ConditionalFiles):

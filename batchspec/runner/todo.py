@@ -11,7 +11,7 @@ import os
 import uuid
 
 from ..errors import error_line
-from ..spec import JobSpec
+from ..spec import JobSpec, same_spec, spec_differences
 from .outcome import JobRefused
 from .plan import Shard, plan_shards
 from .store import COUNTED, OutputStore
@@ -47,18 +47,18 @@ def prepare(spec: JobSpec, force: bool = False,
     if job and not force:
         # A changed spec is refused only where it would mix outputs: with no shard committed (e.g. every
         # shard failed to load the model), the fixed spec simply replaces the old one.
-        if committed and job.get("spec_hash") != spec.output_hash():
-            raise JobRefused(
-                f"{spec.output.path} holds output of a different spec (spec hash {job.get('spec_hash', '?')[:12]} vs "
-                f"{spec.output_hash()[:12]}); use a new output path, or --force to overwrite shard by shard")
+        if committed and not same_spec(job, spec):
+            differ = "; ".join(spec_differences(job.get("spec") or {}, spec)) or "the same keys, hashed by another version"
+            raise JobRefused(f"{spec.output.path} holds output of a different spec ({differ}); use a new output path, "
+                             "or --force to overwrite shard by shard")
         changed = [s.shard for s in committed if manifests[s.shard].get("input") != s.fingerprint]
         if changed:
             raise JobRefused(
                 f"input changed for {len(changed)} committed shard(s) ({', '.join(changed[:5])}); their output would be "
                 "stale. Use --force to regenerate them")
     done = {s.shard for s in committed if s.has_every_row(manifests[s.shard])}  # store.shard_done, one HEAD fewer
-    spec_hash = spec.output_hash()
-    todo = [s for s in shards if force and s.is_stale(manifests.get(s.shard), spec_hash) or s.shard not in done]
+    hashes = [spec.output_hash(), *([job["spec_hash"]] if job and job.get("spec_hash") and same_spec(job, spec) else [])]
+    todo = [s for s in shards if force and s.is_stale(manifests.get(s.shard), *hashes) or s.shard not in done]
     return store, shards, todo, manifests
 
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 from ..policy import ActorPolicy, LengthProfile, Policy
 from ..spec import JobSpec
 from .calls import Calls
-from .commit import commit_shard, committed_already, fail_shard
+from .commit import commit_shard, committed_already, earlier_errors, fail_shard
 from .faults import FaultPlan
 from .lease_state import taken_over_by
 from .load import load_actor_backend
@@ -115,7 +115,7 @@ class ShardRunner:
                 together(self.calls, group) if shared else self.calls.alone(group[0])
             except Exception as e:  # OOM, a dead engine, a bug: the shards of this call fail, the job goes on
                 for w in group:
-                    out[w.shard.shard] = fail_shard(self.store, self.job_id, self.worker, w.shard, e)
+                    out[w.shard.shard] = fail_shard(self.store, self.job_id, self.worker, w.shard, e, w.base)
         works = [w for w in works if w.shard.shard not in out]
         for w in works:
             try:
@@ -123,7 +123,7 @@ class ShardRunner:
                                                   self.backend_note, self.policy.costs,
                                                   measured_saving(self.planner, w) if self.learns_costs else None)
             except Exception as e:
-                out[w.shard.shard] = fail_shard(self.store, self.job_id, self.worker, w.shard, e)
+                out[w.shard.shard] = fail_shard(self.store, self.job_id, self.worker, w.shard, e, w.base)
         if self.memory is not None and works:
             p, plan = self.policy, self.planner
             self.memory.save(plan.steps.costs_by_batch, p.prior, p.new_tokens_seen, self.job_id, plan.steps.points,
@@ -140,7 +140,7 @@ class ShardRunner:
         attempt = int(previous.get("attempts", 0)) + 1
         base = {"shard": shard.shard, "job_id": self.job_id, "input": shard.fingerprint, "path": shard.path,
                 "row_start": shard.row_start, "row_end": shard.row_end, "attempts": attempt, "worker": self.worker,
-                "spec_hash": self.spec.output_hash(), "started_at": started}
+                "spec_hash": self.spec.output_hash(), "started_at": started, "earlier_errors": earlier_errors(previous)}
         try:
             table = read_shard(shard, self.spec)
         except ShardReadError as e:

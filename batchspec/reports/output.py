@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from .policy import Costs
-from .rates import acceptance_rate, mean_acceptance_length
-from .runner.store import OutputStore
+from ..policy import Costs
+from ..rates import acceptance_rate, mean_acceptance_length
+from ..runner.store import OutputStore
 
 
 def _quantiles(series: pl.Series, qs=(0.5, 0.95, 0.99)) -> dict[str, float | None]:
@@ -169,6 +169,7 @@ def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd:
             "acceptance_rate": acceptance_rate(f["accepted_tokens"], f["draft_tokens"]),
             "decisions": [d["reason"] for d in m.get("decisions", [])],
             "decision_rows": [d.get("at_row", 0) for d in m.get("decisions", [])], "attempts": m.get("attempts"),
+            "earlier_errors": m.get("earlier_errors") or [],
         })
     # Slowest first among shards that generated; one that generated nothing (no rows, or only
     # error rows) is not slow, and goes last: an empty shard used to head the table at 0 tok/s.
@@ -190,11 +191,25 @@ def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd:
         "mean_acceptance_length": mean_acceptance_length(accepted, rounds),
         **_saving(scan.shards, manifests, spec_rows),
         "ttft_s": _quantiles(scan.ttft) if ok_rows else {}, "latency_s": _quantiles(scan.latency) if ok_rows else {},
-        "shards": shards,
+        "shards": shards, "rerun_shards": _reruns(shards),
         "_acceptance_values": scan.acceptance, "_latency_values": scan.latency,
         "_spec_tokens_per_s": _rate(total("spec_completion_tokens"), scan.shards, "spec_latency_s", spec_rows),
         "_plain_tokens_per_s": _rate(total("plain_completion_tokens"), scan.shards, "plain_latency_s", ok_rows - spec_rows),
     }
+
+
+def _reruns(shards: list[dict]) -> list[dict]:
+    """Shards committed after failing before, with why they failed (oldest first), for the report's
+    "failed before" line: a rerun must not erase the cause of a night's failure."""
+    return [{"shard": s["shard"], "attempts": s["attempts"], "causes": [e.get("error") for e in s["earlier_errors"]]}
+            for s in shards if s["earlier_errors"]]
+
+
+def _reruns_text(r: dict) -> str | None:
+    if not r["rerun_shards"]:
+        return None
+    return "; ".join(f"{x['shard']} (attempt {x['attempts']}; before: {' / '.join(map(str, x['causes']))})"
+                     for x in r["rerun_shards"][:5]) + (f"; and {len(r['rerun_shards']) - 5} more" if len(r["rerun_shards"]) > 5 else "")
 
 
 NO_SAVING_COSTS = "no step costs were kept for the speculating shards"
@@ -298,6 +313,7 @@ def to_text(r: dict) -> str:
         f"{_fmt(q['p50'])}, p90 {_fmt(q['p90'])}), mean acceptance length {_fmt(r['mean_acceptance_length'])}",
         f"ttft p50/p95/p99 {'/'.join(_fmt(r['ttft_s'].get(k), '.3f') for k in ('p50', 'p95', 'p99'))}s  "
         f"latency {'/'.join(_fmt(r['latency_s'].get(k), '.3f') for k in ('p50', 'p95', 'p99'))}s",
+        *([f"failed before, committed on a rerun: {_reruns_text(r)}"] if r["rerun_shards"] else []),
         "",
         f"{'shard':<24}{'rows':>6}{'errors':>7}{'tokens':>8}{'tok/s':>8}{'accept':>8}{'cost $':>10}  decisions",
     ]
@@ -421,6 +437,7 @@ def _facts(r: dict) -> str:
         ("Latency", f"time to first token p50/p95/p99 "
                     f"{'/'.join(_fmt(r['ttft_s'].get(k), '.3f') for k in ('p50', 'p95', 'p99'))} s; row latency "
                     f"{'/'.join(_fmt(r['latency_s'].get(k), '.3f') for k in ('p50', 'p95', 'p99'))} s"),
+        *([("Failed before", f"committed on a rerun: {_reruns_text(r)}")] if r["rerun_shards"] else []),
     ]
     return "<dl>" + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in items) + "</dl>"
 
