@@ -37,7 +37,7 @@ test: $(STAMP)
 # The static checks alone (tests/test_structure.py runs them in `make test` too): lint, types,
 # declared dependencies, import layers.
 check: $(STAMP)
-	$(BIN)/ruff check batchspec tests scripts
+	$(BIN)/ruff check batchspec tests scripts examples
 	$(BIN)/mypy
 	$(BIN)/deptry .
 	$(BIN)/lint-imports

@@ -231,7 +231,7 @@ class RayNodes:
     processes are what appeared while its `ray start` ran, with their children when killed; so
     kill() and stop() touch only these nodes, never the test session's own Ray."""
 
-    def __init__(self, tmp):
+    def __init__(self, tmp, dashboard_port: int | None = None):
         import secrets
         import socket
 
@@ -246,13 +246,16 @@ class RayNodes:
         self.address = f"127.0.0.1:{self.port}"
         self.temp = f"/tmp/rn-{self.port}"
         self.nodes: list[set[int]] = []
+        # With a dashboard port, the head runs Ray's dashboard and job server (`ray job submit`).
+        self.dashboard = ([f"--dashboard-port={dashboard_port}", "--include-dashboard=true"] if dashboard_port
+                          else ["--include-dashboard=false"])
 
     def start(self, *args: str) -> int:
         import psutil
 
         before = set(psutil.pids())
         ray = os.path.join(os.path.dirname(sys.executable), "ray")
-        first = ["--head", f"--port={self.port}", f"--temp-dir={self.temp}", "--include-dashboard=false"]
+        first = ["--head", f"--port={self.port}", f"--temp-dir={self.temp}", *self.dashboard]
         subprocess.run([ray, "start", *(first if not self.nodes else [f"--address={self.address}"]), *args,
                         "--disable-usage-stats"], check=True, capture_output=True, env=self.env, timeout=120)
         self.nodes.append(set(psutil.pids()) - before)

@@ -154,7 +154,7 @@ def _tool(name: str) -> str:
 
 
 @pytest.mark.parametrize("command", [
-    ["ruff", "check", "batchspec", "tests", "scripts"],
+    ["ruff", "check", "batchspec", "tests", "scripts", "examples"],
     ["mypy"],
     ["deptry", "."],
     ["lint-imports"],
