@@ -22,14 +22,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import BatchspecError
 from .spec import JobSpec, Overrides, SpecError, load_spec, spec_from_dict
 
 JobLike = str | Path | Mapping[str, Any] | JobSpec
 
 
 class Outcome(enum.StrEnum):
-    """How a run ended. REFUSED, INTERRUPTED and CRASHED are what job.json's run history records
-    for runs that raised (the API raises for them; `batchspec report` shows them)."""
+    """How a run ended. REFUSED, INTERRUPTED and CRASHED are runs that raised: submit and rerun
+    raise them, or return them as a Run with `error` under raise_on_error=False."""
 
     COMPLETED = "completed"
     COMPLETED_WITH_ERROR_ROWS = "completed_with_error_rows"  # every shard committed, some rows hold an error
@@ -41,10 +42,11 @@ class Outcome(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Run:
-    """One submit or rerun. Counts are this run's (shards and rows it committed, shards it found
-    done); `totals` are the output's after it, over every committed shard whichever run wrote it
-    (the night so far: tokens, actor-seconds, cost, acceptance, the measured saving and its 95%
-    interval), read from the output as `batchspec report` reads it; {} when report=False."""
+    """One submit or rerun. Shard counts, tokens and acceptance are this run's; rows and error rows
+    those of every committed shard after it (the summary line's). `totals` are the output's after
+    it, over every committed shard whichever run wrote it (the night so far: tokens,
+    actor-seconds, cost, acceptance, the measured saving and its 95% interval), read as `batchspec
+    report` reads them; {} when report=False."""
 
     outcome: Outcome
     job_id: str
@@ -62,6 +64,7 @@ class Run:
     wall_s: float
     startup: dict[str, float | None] | None  # ready_s (until the first engine could generate), ray_s, engine_load_s
     totals: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # why a run that did not run to its end (REFUSED, INTERRUPTED, CRASHED) ended
 
     @property
     def ok(self) -> bool:
@@ -101,22 +104,25 @@ def load_job(job: JobLike, params: Mapping[str, str] | None = None, overrides: O
 def submit(job: JobLike, *, params: Mapping[str, str] | None = None,
            overrides: Overrides | None = None, address: str | None = None,
            force: bool = False, report: bool = True, worker_logs: bool = False, metrics_file: str | None = None,
-           on_shard: Callable[[dict], None] | None = None, on_plan: Callable[[list, list], None] | None = None) -> Run:
+           raise_on_error: bool = True, on_shard: Callable[[dict], None] | None = None, on_plan: Callable[[list, list], None] | None = None) -> Run:
     """Run every shard of the job not yet committed at its output (`batchspec submit`).
 
     params fill the spec's {name} placeholders (`output.path: out/dt={ds}`); address: a Ray
     cluster (default RAY_ADDRESS, else a local Ray); force: proceed despite a changed spec or
     input, and take over another run's lease; report: also read the output's totals (Run.totals);
     metrics_file: write the run's figures there in Prometheus' text format (batchspec/metrics.py),
-    also when it fails or is interrupted."""
+    also when it fails or is interrupted; raise_on_error=False: a refused, interrupted or crashed
+    run is returned as a Run with that outcome and its `error` instead of raised (a spec that does
+    not load still raises SpecError)."""
     return _run(load_job(job, params, overrides), dict(params or {}), address=address, force=force, report=report,
-                worker_logs=worker_logs, metrics_file=metrics_file, on_shard=on_shard, on_plan=on_plan)
+                worker_logs=worker_logs, metrics_file=metrics_file, raise_on_error=raise_on_error,
+                on_shard=on_shard, on_plan=on_plan)
 
 
 def rerun(job: JobLike, *, params: Mapping[str, str] | None = None,
           overrides: Overrides | None = None, address: str | None = None,
           force: bool = False, report: bool = True, worker_logs: bool = False, metrics_file: str | None = None,
-          on_shard: Callable[[dict], None] | None = None, on_plan: Callable[[list, list], None] | None = None) -> Run:
+          raise_on_error: bool = True, on_shard: Callable[[dict], None] | None = None, on_plan: Callable[[list, list], None] | None = None) -> Run:
     """Redo only the shards not done (`batchspec rerun`); JobRefused where the output has no job yet."""
     from .errors import error_line
     from .runner.outcome import JobRefused
@@ -130,22 +136,28 @@ def rerun(job: JobLike, *, params: Mapping[str, str] | None = None,
     if recorded is None:
         raise JobRefused(f"nothing to rerun at {spec.output.path} (no _batchspec/job.json): submit the job first")
     return _run(spec, dict(params or {}), address=address, force=force, report=report, worker_logs=worker_logs,
-                metrics_file=metrics_file, on_shard=on_shard, on_plan=on_plan)
+                metrics_file=metrics_file, raise_on_error=raise_on_error, on_shard=on_shard, on_plan=on_plan)
 
 
 def _run(spec: JobSpec, params: dict[str, str], *, address: str | None, force: bool, report: bool, worker_logs: bool,
-         metrics_file: str | None, on_shard: Callable[[dict], None] | None,
+         metrics_file: str | None, raise_on_error: bool, on_shard: Callable[[dict], None] | None,
          on_plan: Callable[[list, list], None] | None) -> Run:
+    import time
+
     from .metrics import write_metrics
     from .rates import acceptance_rate
     from .runner.job import submit as run_job
 
+    t0 = time.perf_counter()
     try:
         result = run_job(spec, address=address, force=force, on_shard=on_shard, on_plan=on_plan, worker_logs=worker_logs)
-    except BaseException:  # refused, interrupted, crashed: not a success, and said so
+    except BaseException as e:  # refused, interrupted, crashed: not a success, and said so
         if metrics_file:
             write_metrics(metrics_file, spec.name, {}, success=False)
-        raise
+        ended = None if raise_on_error else _ended(spec, params, e, time.perf_counter() - t0)
+        if ended is None:
+            raise
+        return ended
     if metrics_file:
         write_metrics(metrics_file, spec.name, {
             "rows": result.rows, "error_rows": result.error_rows, "completion_tokens": result.completion_tokens,
@@ -161,6 +173,30 @@ def _run(spec: JobSpec, params: dict[str, str], *, address: str | None, force: b
                tokens_out=result.completion_tokens, acceptance=acceptance_rate(result.accepted_tokens, result.draft_tokens),
                wall_s=round(result.wall_s, 3), startup=startup,
                totals=totals(spec.output.path, spec.output.storage_options) if report else {})
+
+
+def _ended(spec: JobSpec, params: dict[str, str], e: BaseException, wall_s: float) -> Run | None:
+    """The Run of a run that raised, for raise_on_error=False: REFUSED (a BatchspecError: nothing
+    ran), INTERRUPTED (Ctrl-C, SIGTERM, or another run that took the output over), CRASHED (any
+    other exception); None for what must propagate (a bare KeyboardInterrupt, SystemExit)."""
+    from .errors import error_line
+    from .runner.lease import LeaseLost
+    from .runner.outcome import JobInterrupted
+
+    if isinstance(e, JobInterrupted | LeaseLost):
+        outcome = Outcome.INTERRUPTED
+    elif isinstance(e, BatchspecError):
+        outcome = Outcome.REFUSED
+    elif isinstance(e, Exception):
+        outcome = Outcome.CRASHED
+    else:
+        return None
+    counts = e.status["shards"] if isinstance(e, JobInterrupted) else {}  # the output's, when the run stopped
+    return Run(outcome=outcome, job_id=e.job_id if isinstance(e, JobInterrupted) else "", output=spec.output.path,
+               params=params, draft=spec.draft_used(), shards_total=counts.get("total", 0), shards_done=0,
+               shards_skipped=0, failed={}, rows=0, error_rows=0, tokens_out=0, acceptance=None,
+               wall_s=round(wall_s, 3), startup=None, totals={"shards": counts} if counts else {},
+               error=str(e) if isinstance(e, BatchspecError) else error_line(e))
 
 
 def totals(output: str, storage_options: dict | None = None) -> dict[str, Any]:

@@ -122,3 +122,27 @@ def test_errors_are_one_family_with_the_clis_messages(models_dir, tmp_path):
     assert loaded.generation.max_new_tokens == 9 and loaded.input.template == "{prompt}: yes"
     with pytest.raises(SpecError, match="not to a JobSpec"):
         batchspec.load_job(loaded, params={"ds": "d"})
+
+
+def test_raise_on_error_false_returns_refused_and_crashed_runs(models_dir, ray_session, tmp_path, monkeypatch):
+    """For an orchestrator that records every run: a refused run (a changed spec) and a crash come
+    back as a Run with that outcome and its error; the crash is in job.json as `crashed`."""
+    spec = {**nightly_spec(models_dir, tmp_path), "input": {"path": str(tmp_path / "in"), "id_column": "doc_id"},
+            "output": {"path": str(tmp_path / "out")}}
+    write_prompt_shards(local_writer(tmp_path / "in"), 1, 2)
+    assert batchspec.submit(spec, report=False).ok
+    refused = batchspec.submit(spec, overrides={"generation.seed": 3}, raise_on_error=False)
+    assert refused.outcome is Outcome.REFUSED and not refused.ok and "generation.seed: 0 there, 3 here" in refused.error
+    import batchspec.runner.job as job
+
+    def boom(plan):
+        raise RuntimeError("the runner broke")
+
+    monkeypatch.setattr(job, "run", boom)
+    crashed = batchspec.submit(spec, force=True, raise_on_error=False)
+    assert crashed.outcome is Outcome.CRASHED and crashed.error == "RuntimeError: the runner broke"
+    assert json.loads(json.dumps(crashed.to_dict()))["outcome"] == "crashed"
+    recorded = json.loads((tmp_path / "out" / "_batchspec" / "job.json").read_text())
+    assert recorded["status"] == recorded["runs"][-1]["status"] == "crashed" and recorded["runs"][-1]["wall_s"] > 0
+    with pytest.raises(RuntimeError, match="the runner broke"):
+        batchspec.submit(spec, force=True)

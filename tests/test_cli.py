@@ -370,6 +370,71 @@ def test_a_crash_of_batchspec_itself_is_exit_3_one_record_and_recorded(models_di
     assert st.returncode == 1 and json.loads(st.stdout)["job_status"] == "crashed"
 
 
+def exit_path(args: list[str], sig: int | None = None, marker: str = '"shard done"') -> tuple[int, list[dict]]:
+    """`batchspec ARGS --log-format json` (sent sig once its stderr shows marker): exit code, records."""
+    proc = subprocess.Popen([BATCHSPEC, *args, "--log-format", "json"], stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines = []
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        lines.append(line)
+        if sig is not None and marker in line:
+            proc.send_signal(sig)
+            sig = None
+    code = proc.wait(timeout=120)
+    assert proc.stdout is not None and proc.stdout.read() == ""  # stdout stays empty on every path
+    return code, [json.loads(line) for line in lines]
+
+
+def test_every_exit_path_says_its_code_its_last_record_and_job_json_and_status_agree(models_dir, tmp_path):
+    """Issue 60's contract, path by path under --log-format json: completed, error rows, a failed
+    shard, refused, SIGTERM, Ctrl-C (a crash: test_a_crash_of_batchspec_itself_...). Each: its
+    exit code, its last log record, and job.json's run status equal to what `status` says."""
+
+    def agree(job: Path, out: Path, expected: str) -> dict:
+        recorded = json.loads((out / "_batchspec" / "job.json").read_text())
+        st = json.loads(run_cli("status", str(job), "--json").stdout)
+        assert recorded["status"] == recorded["runs"][-1]["status"] == st["job_status"] == expected, (recorded, st)
+        return st
+
+    job = write_job(models_dir, tmp_path, shards=2, rows=3)
+    code, records = exit_path(["submit", str(job)])
+    assert code == 0 and records[-1]["msg"] == "job succeeded"
+    assert agree(job, tmp_path / "job-out", "succeeded")["complete"]
+
+    refused, records = exit_path(["submit", str(job), "--set", "generation.seed=5"])  # a changed spec
+    assert refused == 2 and records[-1]["msg"].startswith("error: ") and "generation.seed: 0 there, 5 here" in records[-1]["msg"]
+    agree(job, tmp_path / "job-out", "succeeded")  # nothing recorded for a refused run
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    errors = write_job(models_dir, tmp_path, name="errors", shards=1, rows=3)
+    pq.write_table(pa.table({"prompt": ["a lease", "", "a tenant"], "doc_id": ["x", "y", "z"]}),
+                   tmp_path / "errors-in" / "prompts-0000.parquet")
+    code, records = exit_path(["submit", str(errors)])
+    assert code == 0 and records[-1]["msg"] == "job succeeded"
+    assert agree(errors, tmp_path / "errors-out", "succeeded")["error_rows"] == 1
+
+    failing = write_job(models_dir, tmp_path, name="failing", shards=2, rows=3)
+    shard = tmp_path / "failing-in" / "prompts-0001.parquet"
+    shard.write_bytes(shard.read_bytes()[:100])
+    code, records = exit_path(["submit", str(failing)])
+    assert code == 1 and records[-1]["msg"].startswith("error: 1 shard(s) failed: prompts-0001.")
+    assert any(r["msg"] == "job failed" for r in records)
+    assert not agree(failing, tmp_path / "failing-out", "failed")["complete"]
+
+    for name, sig, code_expected, said in (("termed", signal.SIGTERM, 143, "terminated (SIGTERM): "),
+                                            ("ctrlc", signal.SIGINT, 130, "interrupted: ")):
+        slow = write_job(models_dir, tmp_path, name=name, shards=8, rows=12, max_new=96)
+        code, records = exit_path(["submit", str(slow)], sig=sig)
+        assert code == code_expected and records[-1]["msg"].startswith(said), records[-3:]
+        assert any(r["msg"] == "job interrupted" for r in records)
+        assert not agree(slow, tmp_path / f"{name}-out", "interrupted")["complete"]
+        run = json.loads((tmp_path / f"{name}-out" / "_batchspec" / "job.json").read_text())["runs"][-1]
+        assert run["wall_s"] > 0 and len(run["startup"]["actors"]) == 1  # an interrupted run is counted too
+
+
 def test_status_and_report_on_s3_without_endpoint_are_one_line(monkeypatch):
     for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(k, raising=False)

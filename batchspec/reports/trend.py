@@ -46,6 +46,22 @@ def partition(output: str, root: str | None) -> dict[str, str]:
     return dict(part.split("=", 1) for part in rel.strip("/").split("/") if "=" in part)
 
 
+def groups(manifests: list[dict], night_keys: set[str]) -> dict[str, dict[str, Any]]:
+    """Acceptance and rows per group of shards within a night: the hive keys of each shard's input
+    path other than the night's own (in/dt=2026-12-05/domain=legal/part-0.parquet is in group
+    "domain=legal"), the groups that stay the same from night to night while shard names and
+    contents change. {} where the input has no such keys (the night is one group)."""
+    out: dict[str, list[dict]] = {}
+    for m in manifests:
+        keys = [p for p in str(m.get("path") or "").split("/")[:-1] if "=" in p and p.split("=", 1)[0] not in night_keys]
+        if keys:
+            out.setdefault("/".join(keys), []).append(m)
+    return {g: {"shards": len(ms), "rows": sum(m.get("rows_out") or 0 for m in ms),
+                "acceptance_rate": acceptance_rate(sum((m.get("tokens") or {}).get("accepted_tokens", 0) for m in ms),
+                                                   sum((m.get("tokens") or {}).get("draft_tokens", 0) for m in ms))}
+            for g, ms in sorted(out.items())}
+
+
 def _sums(manifests: list[dict], price: float) -> dict[str, Any]:
     tok = [m.get("tokens") or {} for m in manifests]
     out: dict[str, Any] = {
@@ -90,6 +106,7 @@ def night(output: str, storage_options: dict | None = None, gpu_hour_usd: float 
             "complete": len(done) == len(job.get("shards") or []), "shards": len(job.get("shards") or []),
             "shards_committed": len(done), "not_committed": sorted(set(job.get("shards") or []) - set(done)),
             "rerun_shards": reruns, "runs": runs, "wall_s": sum(r["wall_s"] or 0.0 for r in runs),
+            "groups": groups(list(done.values()), set(partition(output, root))),
             "gpu_hour_usd": price, **_sums(list(done.values()), price)}
 
 
@@ -144,6 +161,9 @@ def to_text(t: dict) -> str:
         if len(n["runs"]) != 1:
             status = "complete" if n["complete"] else f"{len(n['not_committed'])} not done"
             lines.append(_line("", "night", status, n, len(n["not_committed"]), len(n["rerun_shards"]), n["draft"]))
+        if n["groups"]:
+            lines.append(f"{'':<22}acceptance by group: " + ", ".join(
+                f"{g} {_f(x['acceptance_rate'], '.3f')} ({x['rows']} rows)" for g, x in n["groups"].items()))
     return "\n".join(lines)
 
 
@@ -170,7 +190,11 @@ def _svg(t: dict) -> str:
     b.plot(x, [n["usd_per_million_tokens"] for n in nights], marker="o")
     b.set_ylim(bottom=0)  # a ratio's axis from zero: a 10% change looks like one
     b.set_title("$ per million completion tokens")
-    c.plot(x, [n["acceptance_rate"] for n in nights], marker="o")
+    c.plot(x, [n["acceptance_rate"] for n in nights], marker="o", label="all shards")
+    for g in sorted({g for n in nights for g in n["groups"]}):  # a group's line where it ran
+        c.plot(x, [(n["groups"].get(g) or {}).get("acceptance_rate") for n in nights], marker=".", label=g)
+    if any(n["groups"] for n in nights):
+        c.legend(fontsize=7)
     c.set_ylim(0, 1)
     c.set_title("acceptance (accepted / drafted tokens)")
     measured = [(i, n) for i, n in zip(x, nights) if n["saving_s"] is not None]

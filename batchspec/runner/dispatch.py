@@ -47,6 +47,7 @@ class RunPlan:
     ray_s: float | None = None  # seconds to start or join Ray; None when it was up already
     lease: Lease | None = None
     on_shard: Callable[[dict], None] | None = None  # told each shard's manifest as it lands
+    result: JobResult | None = None  # the run's result as it fills: an interrupted or crashed run records its start-up
 
 
 def run(plan: RunPlan) -> JobResult:
@@ -55,6 +56,7 @@ def run(plan: RunPlan) -> JobResult:
     todo = {s.shard for s in plan.todo}  # a set: `in` over a list is quadratic in the job's shards
     result = JobResult(job_id, spec.output.path, len(shards), skipped=[s.shard for s in shards if s.shard not in todo],
                        ray_s=plan.ray_s)
+    plan.result = result
     store.clear_success()
     store.write_job(job_record(spec, job_id, shards, store.read_job(), status="running", backend=backend))
     log_event(log, "job started", job=job_id, shards=len(shards), todo=len(plan.todo), output=spec.output.path,

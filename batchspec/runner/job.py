@@ -8,6 +8,7 @@ What is left to run, and when a run is refused, is runner/todo.py's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -87,8 +88,9 @@ def submit(spec: JobSpec, address: str | None = None, force: bool = False,
         terminated = sigterm_seen.is_set()
         st = _ended(plan, "interrupted", {"interrupted_by": "SIGTERM" if terminated else "Ctrl-C"})
         raise JobInterrupted(job_id, st, terminated=terminated) from None
-    except Exception as e:  # batchspec or Ray itself failed: recorded, never left "running"
-        _ended(plan, "crashed", {"error": error_line(e)})
+    except Exception as e:  # batchspec or Ray itself failed: recorded where the store answers, never left "running"
+        with contextlib.suppress(Exception):  # a store that cannot be written must not hide the crash's cause
+            _ended(plan, "crashed", {"error": error_line(e)})
         raise
     finally:
         lease.release()
@@ -127,9 +129,8 @@ class _ModelCheck(threading.Thread):
         return self._problems or []
 
 def _ended(plan: RunPlan, how: str, why: dict) -> dict:
-    """Record a run that ended without a result (interrupted: Ctrl-C or SIGTERM; crashed: an
-    exception of batchspec or Ray, maybe before the run was recorded) in job.json, with its wall
-    time and what it left done; returns status() of the output."""
+    """Record a run that ended without a result (interrupted; crashed: batchspec or Ray raised) in
+    job.json with its wall time, start-up and what it left done; returns status() of the output."""
     spec, store, job_id, lease = plan.spec, plan.store, plan.job_id, plan.lease
     if store.read_job() is None:
         store.write_job(job_record(spec, job_id, plan.shards, None, status="running", backend=plan.backend))
@@ -141,8 +142,9 @@ def _ended(plan: RunPlan, how: str, why: dict) -> dict:
         return st
     job = store.read_job() or {}
     runs = job.get("runs") or []
-    counts = st["shards"]
+    counts, starts = st["shards"], plan.result.actor_starts if plan.result else []
     run_entry(runs, job_id).update({"status": how, **why, "finished_at": now_iso(), "wall_s": time.perf_counter() - plan.started,
+                                     "startup": {"ray_s": plan.ray_s, "actors": starts},
                                      "done": counts["done"], "pending": counts["pending"] + counts["failed"]})
     job.update({"status": how, "runs": runs, "updated_at": now_iso()})
     store.write_job(job)
