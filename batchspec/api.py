@@ -215,10 +215,15 @@ def totals(output: str, storage_options: dict | None = None) -> dict[str, Any]:
 def status(output: str | Path, *, params: Mapping[str, str] | None = None,
            storage_options: dict | None = None) -> dict[str, Any]:
     """Shards done, failed and pending of an output (`batchspec status`): an output path, or the
-    job's spec file (with its params) naming it."""
+    job's spec file (with its params) naming it; of a folder of outputs, {"complete", "outputs"}."""
+    from .reports.trend import find_outputs
     from .runner.record import status as job_status
+    from .runner.store import OutputStore
 
     path, opts = output_of(output, params, storage_options)
+    if OutputStore(path, opts).read_job() is None and (outs := find_outputs(path, opts)):
+        sts = [job_status(o, opts) for o in outs]
+        return {"complete": all(s["complete"] for s in sts), "outputs": sts}
     return job_status(path, opts)
 
 

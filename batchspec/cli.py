@@ -330,12 +330,18 @@ def status(
     JSON: {"complete", "job_status", "shards": {"done", "failed", "pending", "total"}, "rows",
     "error_rows", "shard_list": [...]}. complete is true only when every planned shard is
     committed. Exit code 0 when complete, 1 otherwise, 2 on a usage error.
+
+    Given a folder of outputs (out/ holding dt=*/): one line per output, and exit 0 only when
+    every one is complete (JSON: {"complete", "outputs": [...]}).
     """
     from .runner.record import status as job_status
+    from .runner.store import OutputStore
 
     if fmt not in ("table", "json"):
         _die(f"--format must be table or json, not {fmt!r}")
     path, opts = _output_of(output, storage_option, param)
+    if not _guard(lambda: OutputStore(path, opts).read_job(), path):
+        _status_of_many(path, opts, as_json or fmt == "json")
     st = _guard(lambda: job_status(path, opts), path)
     if as_json or fmt == "json":
         typer.echo(json.dumps(st, indent=2))
@@ -344,6 +350,26 @@ def status(
 
         print_status(st)
     raise typer.Exit(0 if st["complete"] else EXIT_FAILED_SHARDS)
+
+
+def _status_of_many(root: str, opts: dict, as_json: bool) -> None:
+    """`status` of every output under root, one line each; exits 0 only when all are complete."""
+    from .reports.trend import find_outputs
+    from .runner.record import status as job_status
+
+    outs = _guard(lambda: find_outputs(root, opts), root)
+    if not outs:
+        _die(f"no batchspec job at {root} (missing _batchspec/job.json), nor any output under it")
+    sts = [_guard(lambda o=o: job_status(o, opts), o) for o in outs]
+    complete = all(s["complete"] for s in sts)
+    if as_json:
+        typer.echo(json.dumps({"complete": complete, "outputs": sts}, indent=2))
+    for s in [] if as_json else sts:
+        n = s["shards"]
+        typer.echo(f"{s['output'][len(root):].strip('/') or s['output']}: last run {s['job_status']}, {n['done']}/{n['total']} "
+                   f"shards done, {n['failed']} failed, {n['pending']} pending, {s['rows']} rows"
+                   + (" (complete)" if s["complete"] else ""))
+    raise typer.Exit(0 if complete else EXIT_FAILED_SHARDS)
 
 
 @app.command()
@@ -419,7 +445,7 @@ def report(
     gpu_hour_usd: float | None = typer.Option(None, help="Price of an actor-hour (default: the job's cost.gpu_hour_usd)."),
     fmt: str = typer.Option("table", "--format", help="table, json, csv or html."),
     out: str | None = typer.Option(None, help="Write to this file instead of stdout."),
-    compare_to: str | None = typer.Option(None, "--compare", help="Another output to compare with: B/A ratios, each run's saving, and an "
+    compare_to: list[str] = typer.Option([], "--compare", help="Another output to compare with: B/A ratios, each run's saving, and an "
                                            "auto run's saving beside a mode=off run of the same rows (docs/reports.md)."),
     storage_option: list[str] = typer.Option([], "--storage-option", help="fsspec option, e.g. endpoint_url=http://..."),
     param: list[str] = typer.Option([], "--param", help="With a job file: " + PARAM_HELP),
@@ -457,8 +483,10 @@ def report(
         _write(trend.render(_guard(lambda: trend.build_trend([p for p, _ in paths], opts, gpu_hour_usd), path), fmt), out)
         return
     rep = _guard(lambda: build_report(path, opts, gpu_hour_usd), path)
+    if len(compare_to) > 1:  # given twice, the last used to win silently
+        _die("--compare takes one output; for several nights, `batchspec report OUT1 OUT2 ...` or a folder of them")
     if compare_to:
-        other_path, other_opts = _output_of(compare_to, storage_option, param)
+        other_path, other_opts = _output_of(compare_to[0], storage_option, param)
         cmp = compare(rep, _guard(lambda: build_report(other_path, other_opts, gpu_hour_usd), other_path))
         text = json.dumps(cmp, indent=2, default=str) if fmt == "json" else compare_text(cmp)
     else:

@@ -87,6 +87,9 @@ def test_two_nights_through_params_a_failed_shard_and_its_rerun(models_dir, ray_
     assert again.ok and again.shards_done == 0 and again.totals == {}
     assert "done: 0 shard(s) run, 2 already done" in again.summary_line()
 
+    nights = batchspec.status(tmp_path / "out")  # a folder of outputs: each night's status
+    assert nights["complete"] and [s["output"][-13:] for s in nights["outputs"]] == ["dt=2026-12-04", "dt=2026-12-05"]
+
     # Night over night (issue 60): the folder of outputs, one entry per run, failures kept.
     trend = batchspec.report(tmp_path / "out")
     assert trend["kind"] == "trend"

@@ -437,3 +437,22 @@ def test_the_trend_groups_a_nights_shards_by_their_inputs_hive_keys(tmp_path):
             m = measure(page, width, png=str(tmp_path / f"trend-{width}.png"))
             assert m["scroll_width"] <= m["viewport"], (width, m)
         assert (tmp_path / "trend-1400.png").stat().st_size > 10_000
+
+
+def test_status_and_report_of_a_folder_of_outputs_and_one_compare_only(tmp_path):
+    """Issue 60: `status` on the parent folder failed ("missing _batchspec/job.json"); `--compare`
+    given twice took the last silently. Now: a line per night (exit 1 while one is not complete),
+    the trend for `report`, and a second --compare refused."""
+    for night in ("dt=2026-12-04", "dt=2026-12-05"):
+        write_fixture(OutputStore(str(tmp_path / "out" / night)))  # shard c failed: neither is complete
+    res = CliRunner().invoke(app, ["status", str(tmp_path / "out")])
+    assert res.exit_code == 1, res.output
+    assert res.output.splitlines()[0] == "dt=2026-12-04: last run None, 2/3 shards done, 1 failed, 0 pending, 5 rows"
+    both = json.loads(CliRunner().invoke(app, ["status", str(tmp_path / "out"), "--json"]).stdout)
+    assert not both["complete"] and [s["shards"]["done"] for s in both["outputs"]] == [2, 2]
+    trend = json.loads(CliRunner().invoke(app, ["report", str(tmp_path / "out"), "--format", "json"]).stdout)
+    assert [n["partition"] for n in trend["nights"]] == [{"dt": "2026-12-04"}, {"dt": "2026-12-05"}]
+    assert [n["not_committed"] for n in trend["nights"]] == [["c"], ["c"]] and trend["nights"][0]["rows"] == 5
+    one = str(tmp_path / "out" / "dt=2026-12-04")
+    twice = CliRunner().invoke(app, ["report", one, "--compare", one, "--compare", one])
+    assert twice.exit_code == 2 and "--compare takes one output" in twice.output

@@ -114,9 +114,12 @@ def build_trend(targets: list[str], storage_options: dict | None = None, gpu_hou
     """The nights of every output found under the targets (each a root or an output), in order."""
     from concurrent.futures import ThreadPoolExecutor
 
-    jobs = [(out, t) for t in targets for out in find_outputs(t, storage_options)]
-    if not jobs:
-        raise FileNotFoundError(f"no batchspec output under {', '.join(targets)} (no */_batchspec/job.json)")
+    jobs = []
+    for t in targets:
+        found = find_outputs(t, storage_options)
+        if not found:  # a mistyped folder among several must not vanish from the report
+            raise FileNotFoundError(f"no batchspec output at or under {t} (no _batchspec/job.json)")
+        jobs += [(out, t) for out in found]
     with ThreadPoolExecutor(max_workers=8) as pool:  # on S3 each night's reads are mostly waiting
         nights = list(pool.map(lambda j: night(j[0], storage_options, gpu_hour_usd, j[1].rstrip("/")), jobs))
     return {"kind": "trend", "nights": nights, "runs": sum(len(n["runs"]) for n in nights)}
