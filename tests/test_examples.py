@@ -189,6 +189,11 @@ def test_the_cron_script_runs_a_night_on_a_cluster_through_ray_job_submit(models
     script = str(REPO / "examples" / "cron_nightly.sh")
     try:
         cluster.start("--num-cpus=2")
+        ray = str(Path(sys.executable).with_name("ray"))
+        deadline = time.time() + 120  # `ray start` returns before the head's job agent takes jobs ("No available agent")
+        while subprocess.run([ray, "job", "submit", "--address", env["RAY_JOB_ADDRESS"], "--", "true"], env=env,
+                             capture_output=True, timeout=120).returncode != 0 and time.time() < deadline:
+            time.sleep(2)
         ok = subprocess.run(["bash", script, "2026-12-05"], env=env, capture_output=True, text=True, timeout=400)
         assert ok.returncode == 0, (ok.stdout + ok.stderr)[-4000:]
         assert "batchspec night 2026-12-05: complete" in ok.stdout

@@ -61,8 +61,9 @@ def json_line(line: str) -> str | None:
 def capture_stderr(fmt: str):
     """Put a filter on file descriptor 2, whoever writes to it (Ray's C++ core, Ray's own
     processes, a library's print): with fmt "json" every line becomes one JSON object (JSON lines
-    pass, the rest are wrapped as {"level": "INFO", "logger": "stderr", "msg": line}). One pipe
-    keeps the order. Returns a stream on the real stderr, for the live progress display, or None
+    pass, the rest are wrapped as {"level": "INFO", "logger": "stderr", "msg": line}), and file
+    descriptor 1 joins it, so stdout stays empty (Ray's driver prints its raylet's errors, such as
+    an actor killed at a SIGTERM, to stdout). One pipe keeps the order. Returns a stream on the real stderr, for the live progress display, or None
     when stderr is not the process's own (under a test runner) and nothing was changed."""
     global _real_stderr
     if _real_stderr is not None:
@@ -78,6 +79,10 @@ def capture_stderr(fmt: str):
     tty = os.isatty(real)
     read_fd, write_fd = os.pipe()
     os.dup2(write_fd, 2)
+    if fmt == "json":  # stdout stays empty: what reaches fd 1 (Ray prints its raylet's errors there) joins stderr's records
+        sys.stdout.flush()
+        os.dup2(write_fd, 1)
+        sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     os.close(write_fd)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     out = os.fdopen(real, "w", buffering=1)
