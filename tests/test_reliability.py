@@ -225,6 +225,14 @@ def test_an_error_is_shown_and_stored_as_one_line():
     assert error_line(RuntimeError("x" * 1000), limit=10) == "RuntimeError: " + "x" * 10
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class RayNodes:
     """Ray nodes started with `ray start` on this machine, as on a real cluster (token
     authentication on, as Ray 2.60 turns it on): the head, then nodes that join it. Each node's
@@ -246,8 +254,12 @@ class RayNodes:
         self.address = f"127.0.0.1:{self.port}"
         self.temp = f"/tmp/rn-{self.port}"
         self.nodes: list[set[int]] = []
-        # With a dashboard port, the head runs Ray's dashboard and job server (`ray job submit`).
-        self.dashboard = ([f"--dashboard-port={dashboard_port}", "--include-dashboard=true"] if dashboard_port
+        # With a dashboard port, the head runs Ray's dashboard and job server (`ray job submit`), its
+        # agent on free ports of its own: on the defaults it met the test session's Ray ("No available
+        # agent to submit job" in CI, where that Ray runs beside it).
+        agent = [f"--{flag}={free_port()}" for flag in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                                                          "metrics-export-port", "runtime-env-agent-port")]
+        self.dashboard = ([f"--dashboard-port={dashboard_port}", "--include-dashboard=true", *agent] if dashboard_port
                           else ["--include-dashboard=false"])
 
     def start(self, *args: str) -> int:

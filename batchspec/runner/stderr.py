@@ -123,6 +123,9 @@ def capture_stderr(fmt: str):
 
     def drain():
         sys.stderr.flush()
+        if fmt == "json":  # fd 1 writes to the pipe too: it must let go of it, or the pump never ends
+            sys.stdout.flush()
+            os.dup2(out.fileno(), 1)
         os.dup2(out.fileno(), 2)  # the pipe loses its last writer here (Ray's children end first)
         thread.join(timeout=2)
 
