@@ -122,6 +122,22 @@ def timed(cmd: list[str]) -> dict:
     return json.loads(out.stdout)
 
 
+def run_commands(commands: dict[str, list[str]], repeats: int) -> tuple[dict[str, list[dict]], dict]:
+    """Each command `repeats` times in turn, each in a fresh process: every run, and per command
+    the median wall time, the largest peak RSS and the exit codes."""
+    results: dict[str, list[dict]] = {name: [] for name in commands}
+    for _ in range(repeats):
+        for name, cmd in commands.items():
+            r = timed(cmd)
+            results[name].append(r)
+            print(f"{name:<15} rc {r['rc']}  {r['wall_s']:6.1f} s  peak {r['peak_rss_mib']:7.0f} MiB"
+                  + (f"  {r['stderr'].strip()[-200:]}" if r["rc"] else ""), flush=True)
+    summary = {name: {"wall_s_median": statistics.median(r["wall_s"] for r in rs),
+                      "peak_rss_mib_max": max(r["peak_rss_mib"] for r in rs), "rc": [r["rc"] for r in rs]}
+               for name, rs in results.items()}
+    return results, summary
+
+
 def bench_nights(root: Path, args: argparse.Namespace) -> None:
     """The trend report over --nights outputs: JSON and HTML, each in a fresh process."""
     t = time.perf_counter()
@@ -131,17 +147,9 @@ def bench_nights(root: Path, args: argparse.Namespace) -> None:
             write_output(night, args.rows, args.parts, False, seed=day)
     print(f"{args.nights} nights of {args.parts} shards under {root} in {time.perf_counter() - t:.0f} s", flush=True)
     bs = [sys.executable, "-m", "batchspec.cli", "report", str(root)]
-    results: dict[str, list[dict]] = {"trend_json": [], "trend_html": []}
-    for _ in range(args.repeats):
-        for name, cmd in (("trend_json", [*bs, "--format", "json"]),
-                          ("trend_html", [*bs, "--format", "html", "--out", str(root / "trend.html")])):
-            r = timed(cmd)
-            results[name].append(r)
-            print(f"{name:<15} rc {r['rc']}  {r['wall_s']:6.1f} s  peak {r['peak_rss_mib']:7.0f} MiB"
-                  + (f"  {r['stderr'].strip()[-200:]}" if r["rc"] else ""), flush=True)
-    summary = {name: {"wall_s_median": statistics.median(r["wall_s"] for r in rs),
-                      "peak_rss_mib_max": max(r["peak_rss_mib"] for r in rs), "rc": [r["rc"] for r in rs]}
-               for name, rs in results.items()}
+    results, summary = run_commands({"trend_json": [*bs, "--format", "json"],
+                                     "trend_html": [*bs, "--format", "html", "--out", str(root / "trend.html")]},
+                                    args.repeats)
     Path(args.out).write_text(json.dumps({"nights": args.nights, "rows": args.rows, "parts": args.parts,
                                           "cpus": os.cpu_count(), "summary": summary, "runs": results}, indent=2))
     print(json.dumps(summary, indent=2))
@@ -177,16 +185,7 @@ def main() -> None:
         spec = root / "job.json"
         spec.write_text(json.dumps(spec_dict(root)))
         commands["rerun"] = [*bs, "rerun", str(spec), "--quiet"]
-    results: dict[str, list[dict]] = {name: [] for name in commands}
-    for _ in range(args.repeats):
-        for name, cmd in commands.items():
-            r = timed(cmd)
-            results[name].append(r)
-            print(f"{name:<15} rc {r['rc']}  {r['wall_s']:6.1f} s  peak {r['peak_rss_mib']:7.0f} MiB"
-                  + (f"  {r['stderr'].strip()[-200:]}" if r["rc"] else ""), flush=True)
-    summary = {name: {"wall_s_median": statistics.median(r["wall_s"] for r in rs),
-                      "peak_rss_mib_max": max(r["peak_rss_mib"] for r in rs), "rc": [r["rc"] for r in rs]}
-               for name, rs in results.items()}
+    results, summary = run_commands(commands, args.repeats)
     Path(args.out).write_text(json.dumps({"rows": args.rows, "parts": args.parts, "cpus": os.cpu_count(),
                                           "summary": summary, "runs": results}, indent=2))
     print(json.dumps(summary, indent=2))

@@ -30,6 +30,17 @@ def test_the_example_spec_takes_the_night_as_a_parameter():
     assert "{contract}" in (spec.input.template or "")  # a column, filled per row
 
 
+def tiny_nightly_job(models_dir, tmp_path) -> Path:
+    """A job on the tiny test target with the night as its parameter: in/dt={ds} to out/dt={ds}."""
+    spec = {"name": "nightly", "input": {"path": str(tmp_path / "in" / "dt={ds}"), "id_column": "doc_id"},
+            "output": {"path": str(tmp_path / "out" / "dt={ds}")},
+            "model": {"target": str(models_dir / "llama-target"), "draft": {"kind": "ngram"}, "backend": "hf"},
+            "generation": {"max_new_tokens": 8}, "resources": {"actors": 1, "batch_size": 4}}
+    job = tmp_path / "nightly.yaml"
+    job.write_text(yaml.safe_dump(spec))
+    return job
+
+
 def sigterm_after_first_shard(job: Path, ds: str, err: Path) -> int:
     """`batchspec submit JOB --param ds=DS`, SIGTERMed (a scheduler's timeout) once its first shard
     is committed: the exit code."""
@@ -134,12 +145,7 @@ def test_the_airflow_dag_runs_a_night_by_its_logical_date_and_the_sensor_sees_su
     home, dags = tmp_path / "airflow", tmp_path / "airflow" / "dags"
     dags.mkdir(parents=True)
     shutil.copy(REPO / "examples" / "airflow_nightly.py", dags)
-    spec = {"name": "nightly", "input": {"path": str(tmp_path / "in" / "dt={ds}"), "id_column": "doc_id"},
-            "output": {"path": str(tmp_path / "out" / "dt={ds}")},
-            "model": {"target": str(models_dir / "llama-target"), "draft": {"kind": "ngram"}, "backend": "hf"},
-            "generation": {"max_new_tokens": 8}, "resources": {"actors": 1, "batch_size": 4}}
-    job = tmp_path / "nightly.yaml"
-    job.write_text(yaml.safe_dump(spec))
+    job = tiny_nightly_job(models_dir, tmp_path)
     write_prompt_shards(local_writer(tmp_path / "in" / "dt=2026-12-05"), 2, 3)
     env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
            "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW_CONN_FS_DEFAULT": '{"conn_type": "fs"}', "BATCHSPEC_JOB": str(job), "BATCHSPEC_OUT": str(tmp_path / "out"),
@@ -171,12 +177,7 @@ def test_the_cron_script_runs_a_night_on_a_cluster_through_ray_job_submit(models
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dashboard = s.getsockname()[1]
-    spec = {"name": "nightly", "input": {"path": str(tmp_path / "in" / "dt={ds}"), "id_column": "doc_id"},
-            "output": {"path": str(tmp_path / "out" / "dt={ds}")},
-            "model": {"target": str(models_dir / "llama-target"), "draft": {"kind": "ngram"}, "backend": "hf"},
-            "generation": {"max_new_tokens": 8}, "resources": {"actors": 1, "batch_size": 4}}
-    job = tmp_path / "nightly.yaml"
-    job.write_text(yaml.safe_dump(spec))
+    job = tiny_nightly_job(models_dir, tmp_path)
     for ds in ("2026-12-05", "2026-12-06"):
         write_prompt_shards(local_writer(tmp_path / "in" / f"dt={ds}"), 2, 3)
     broken = tmp_path / "in" / "dt=2026-12-06" / "prompts-0001.parquet"

@@ -25,6 +25,7 @@ from typing import Any
 from ..rates import acceptance_rate
 from ..runner.store import OutputStore
 from ..spec import JobSpec
+from .output import load
 
 FIGURES = ("rows", "error_rows", "prompt_tokens", "completion_tokens", "accepted_tokens", "draft_tokens", "actor_seconds")
 
@@ -80,12 +81,8 @@ def _sums(manifests: list[dict], price: float) -> dict[str, Any]:
 def night(output: str, storage_options: dict | None = None, gpu_hour_usd: float | None = None,
           root: str | None = None) -> dict[str, Any]:
     """One output's night: its totals and one entry per run in job.json, oldest first."""
-    store = OutputStore(output, storage_options)
-    job = store.read_job()
-    if job is None:
-        raise FileNotFoundError(f"no batchspec job at {output} (missing _batchspec/job.json)")
-    manifests = store.manifests()
-    done = store.committed_manifests(manifests)
+    _, job, done, other = load(output, storage_options)
+    manifests = {**done, **other}
     price = gpu_hour_usd if gpu_hour_usd is not None else (job.get("spec") or {}).get("cost", {}).get("gpu_hour_usd", 0.0)
     try:
         draft = JobSpec.model_validate(job.get("spec") or {}).draft_used()
