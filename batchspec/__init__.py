@@ -13,9 +13,9 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_API = ("submit", "rerun", "status", "report", "load_job", "Run", "Outcome")
+_API = ("submit", "rerun", "status", "report", "distill", "load_job", "Run", "Outcome")
 _ERRORS = {"BatchspecError": "errors", "SpecError": "spec", "JobRefused": "runner.outcome", "PlanError": "runner.plan",
-           "LeaseLost": "runner.lease", "JobInterrupted": "runner.outcome"}
+           "LeaseLost": "runner.lease", "JobInterrupted": "runner.outcome", "DistillError": "training"}
 __all__ = [*_API, *_ERRORS, "__version__"]
 
 

@@ -244,6 +244,23 @@ def report(outputs: str | Path | Sequence[str | Path], *, params: Mapping[str, s
     return trend.build_trend([p for p, _ in paths], opts, gpu_hour_usd)
 
 
+def distill(outputs: str | Path | Sequence[str | Path], out: str | Path, *, params: Mapping[str, str] | None = None,
+            storage_options: dict | None = None, log: Callable[[str], None] | None = None, **options: Any) -> Any:
+    """`batchspec distill`: train a draft on the committed rows of one or more outputs (paths, or
+    job files with their params) into `out`, checked on held-out rows with the engine the job ran
+    on. options: batchspec.training.Options' fields (start, max_rows, held_out, replay, epochs, ...).
+    Returns a training.Result whose `passed` says whether the draft may be used (its `reasons` why
+    not); raises DistillError (a BatchspecError) when it cannot run. docs/distill.md."""
+    from .training import Options
+    from .training import distill as run
+
+    targets = [outputs] if isinstance(outputs, str | Path) else list(outputs)
+    paths = [output_of(t, params, storage_options) for t in targets]
+    replay = [output_of(r, params, storage_options)[0] for r in options.pop("replay", [])]
+    opts = Options(**options, replay=replay, storage_options=paths[0][1])
+    return run([p for p, _ in paths], out, opts, log=log or (lambda line: None))
+
+
 def output_of(target: str | Path, params: Mapping[str, str] | None = None,
               storage_options: dict | None = None) -> tuple[str, dict]:
     """(output path, storage options) from an output path, or a job file (which knows both)."""

@@ -505,6 +505,64 @@ def _write(text: str, out: str | None) -> None:
 
 
 @app.command()
+def distill(
+    outputs: list[str] = typer.Argument(..., help="Outputs whose committed rows the draft learns from (local or s3://), "
+                                                 "or their job files with --param; the first names the job."),
+    out: str = typer.Option(..., "--out", help="Directory for the new draft and its distill.json."),
+    start: str | None = typer.Option(None, "--from", help="Draft to start from (default: the model draft the job used)."),
+    kind: str = typer.Option("model", help="Draft kind to train: model (a small causal LM)."),
+    max_rows: int | None = typer.Option(None, help="Rows to learn from at most (a seeded sample of them)."),
+    held_out: float = typer.Option(0.1, help="Share of rows kept apart to check the draft on (by a hash of shard and id)."),
+    replay: list[str] = typer.Option([], "--replay", help="An older output mixed into training (repeatable)."),
+    replay_share: float = typer.Option(0.5, help="Replayed rows at most this share of the new ones."),
+    oversample_low: float = typer.Option(0.25, help="Share of rows, lowest acceptance in their run first, seen twice."),
+    group_by: str = typer.Option("dir", help="Groups the check reports: dir (hive keys below the input root, "
+                                             "e.g. domain=legal) or shard."),
+    epochs: int = typer.Option(3, help="Passes over the rows; the epoch with the best held-out acceptance is kept."),
+    lr: float = typer.Option(3e-4, help="Peak learning rate (AdamW, warm-up then cosine)."),
+    seed: int = typer.Option(0, help="Seed of the sample, the order and the initialisation."),
+    backend: str | None = typer.Option(None, help="Engine for the check: hf or vllm (default: the one the job ran on)."),
+    storage_option: list[str] = typer.Option([], "--storage-option", help="fsspec option, e.g. endpoint_url=http://..."),
+    param: list[str] = typer.Option([], "--param", help="With a job file: " + PARAM_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print distill.json instead of the summary."),
+) -> None:
+    """Train a draft on the target's own completions in committed outputs, then check it.
+
+    Each committed row's prompt is rendered again as the run rendered it (its hash must match the
+    row's prompt_sha256) and paired with the target's completion; error rows and rows whose input
+    has changed are left out and counted. The draft is fine-tuned on the rest, less a held-out
+    share, and measured before and after on the held-out rows with the engine the job ran on, at
+    its k: per-token acceptance and mean acceptance length, per group (docs/distill.md).
+
+    Exit 0: the new draft is better (mean acceptance length up at least 2%, no group down more
+    than 2%); use it with model.draft.path: DIR. Exit 1: it is not; DIR holds it and distill.json
+    saying why, and validate/submit refuse it. Exit 2: nothing could be trained.
+
+    Example: batchspec distill out/dt=2026-12-05 --out drafts/2026-12-05
+
+    Example: batchspec distill jobs/nightly.yaml --param ds=2026-12-05 --replay out/dt=2026-12-04 --out drafts/12-05
+    """
+    from . import api
+
+    try:
+        result = api.distill(outputs, out, params=_params(param), storage_options=_options(storage_option),
+                             log=lambda line: typer.echo(line, err=True), start=start, kind=kind, max_rows=max_rows,
+                             held_out=held_out, replay=replay, replay_share=replay_share, oversample_low=oversample_low,
+                             group_by=group_by, epochs=epochs, lr=lr, seed=seed, backend=backend)
+    except (BatchspecError, FileNotFoundError) as e:
+        _die(str(e))
+    if as_json:
+        typer.echo(json.dumps(result.record, indent=2, sort_keys=True))
+    else:
+        from .training import summary_lines
+
+        for line in summary_lines(result.record):
+            typer.echo(line)
+    if not result.passed:
+        raise typer.Exit(EXIT_FAILED_SHARDS)
+
+
+@app.command()
 def schema(out_dir: str = typer.Option("schemas", help="Directory to write the schemas to.")) -> None:
     """Write the job-spec JSON Schema and the output Parquet schema (schemas/ in the repo).
 

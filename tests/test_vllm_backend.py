@@ -1207,3 +1207,34 @@ def _dist_installed(name: str) -> bool:
         return True
     except md.PackageNotFoundError:
         return False
+
+
+def test_a_draft_distilled_from_a_vllm_output_is_checked_on_vllm_and_stays_exact(ray_session, tmp_path, hf_reference):
+    """batchspec distill on an output the vllm backend wrote: the check runs on vLLM (the job's
+    engine) and regenerates every held-out row as the output holds it; a job on the distilled
+    draft, through vLLM's speculative_config, equals plain decoding row for row."""
+    _require_vllm()
+    from batchspec import api
+    from batchspec.runner.job import submit
+    from batchspec.runner.store import OutputStore
+
+    spec = _demo_spec(tmp_path, "model.backend=vllm", "speculation.mode=on")
+    assert submit(spec).ok
+    # The gate's thresholds are opened: this test is about loading and exactness, not about gain.
+    result = api.distill(spec.output.path, tmp_path / "draft", held_out=0.25, epochs=1, min_gain=-1.0,
+                         max_group_loss=1.0)
+    record = result.record
+    assert result.passed and record["backend"] == "vllm"
+    assert record["before"]["differs_from_output"] == record["after"]["differs_from_output"] == 0
+    assert record["after"]["all"]["rows"] == record["rows"]["held_out"] > 0
+    assert record["after"]["all"]["mean_acceptance_length"] > 1.0
+
+    nxt = tmp_path / "next"
+    again = load_spec(DEMO_JOB, [f"input.path={tmp_path / 'in'}", f"output.path={nxt}",
+                                 f"model.target={ROOT / 'models/legal-target'}", f"model.draft.path={tmp_path / 'draft'}",
+                                 "generation.max_new_tokens=48", "model.backend=vllm", "speculation.mode=on"])
+    assert submit(again).ok
+    store = OutputStore(str(nxt))
+    rows = [r for s in SHARDS for r in sorted(store.read_part(s).to_pylist(), key=lambda r: r["row_index"])]
+    assert [r["completion"] for r in rows] == hf_reference[1]
+    assert all(r["spec_enabled"] and r["draft_model"] == str(tmp_path / "draft") for r in rows)

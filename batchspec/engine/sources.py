@@ -53,3 +53,66 @@ def config_problem(kind: str, cfg: dict) -> str | None:
     if kind == "eagle" and eagle3:
         return "an EAGLE-3 checkpoint (draft vocabulary, fused features): set model.draft.kind: eagle3"
     return None
+
+
+# The files that make a checkpoint compute what it computes: its config and its weights.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+
+def local_checkpoint_dir(source: str) -> Path | None:
+    """The local directory holding `source`: itself when it is one, a hub id's snapshot when the hub
+    cache holds it (never downloaded here), else None (an s3:// prefix, a hub id not cached)."""
+    if source.startswith("s3://"):
+        return None
+    p = Path(source).expanduser()
+    if p.is_dir():
+        return p
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(source, local_files_only=True))
+    except Exception:
+        return None
+
+
+def checkpoint_fingerprint(source: str) -> str | None:
+    """'sha256:<16 hex>' over a checkpoint's config.json and weight files (names and bytes, streamed):
+    two checkpoints share it only when they compute the same thing. None where the files are not on
+    this machine (see local_checkpoint_dir). A 40M-parameter fp32 checkpoint hashes in ~0.3 s."""
+    import hashlib
+
+    folder = local_checkpoint_dir(source)
+    if folder is None or not (folder / "config.json").is_file():
+        return None
+    digest = hashlib.sha256()
+    files = [folder / "config.json"] + sorted(f for f in folder.iterdir() if f.suffix in _WEIGHT_SUFFIXES)
+    for f in files:
+        digest.update(f.name.encode() + b"\0")
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 22):
+                digest.update(chunk)
+    return "sha256:" + digest.hexdigest()[:16]
+
+
+def distilled_draft_problem(draft: str, target: str) -> str | None:
+    """Why a draft made by `batchspec distill` must not serve this target: it failed its held-out
+    check, or it was distilled for another target (the fingerprints of distill.json and of the
+    target differ). None for any other draft, and where either checkpoint is not on this machine."""
+    import json
+
+    folder = local_checkpoint_dir(draft)
+    record_file = folder / "distill.json" if folder is not None else None
+    if record_file is None or not record_file.is_file():
+        return None
+    try:
+        record = json.loads(record_file.read_text())
+    except ValueError as e:
+        return f"draft {draft}: distill.json cannot be read ({e})"
+    if not record.get("passed"):
+        why = "; ".join(record.get("reasons") or []) or "no verdict recorded"
+        return f"draft {draft} failed its held-out check when distilled ({why}); distill again, or start from it with --from"
+    theirs, ours = record.get("target_fingerprint"), checkpoint_fingerprint(target)
+    if theirs and ours and theirs != ours:
+        return (f"draft {draft} was distilled for target {record.get('target')} ({theirs}), and this job's target "
+                f"{target} is another checkpoint ({ours}): distill a draft from this target's outputs")
+    return None

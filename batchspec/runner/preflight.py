@@ -59,18 +59,23 @@ def local_path_problems(spec: JobSpec) -> list[str]:
 
 def resolve_models(spec: JobSpec, backend: str = "hf", notes: list[str] | None = None) -> list[str]:
     """Load configs and tokenizers (no weights) of the target and a model draft; list problems
-    (and, into `notes`, what the user should know: a sliding window limits speculation)."""
+    (and, into `notes`, what the user should know: a sliding window limits speculation); a
+    distilled draft that failed its check or was made for another target is refused."""
+    from ..engine.sources import distilled_draft_problem
+
+    d = spec.model.draft
+    distilled = [p for p in [distilled_draft_problem(d.path, spec.model.target) if d.path else None] if p]
     if backend == "vllm":
         quick = local_model_problems(spec, notes)
         if quick is not None:
-            return quick
+            return distilled + quick
     from transformers import AutoConfig, AutoTokenizer
 
     from ..engine.api import ModelLoadError
     from ..engine.drafts import check_tokenizers_compatible
     from ..engine.models import attention_window, serving_problem
 
-    m, problems, toks = spec.model, list[str](), {}
+    m, problems, toks = spec.model, distilled, {}
     for role, source in checkpoint_sources(spec.model):
         try:
             if _settled(role, source, m.storage_options, problems):  # s3:// prefixes end here
