@@ -509,8 +509,10 @@ def distill(
     outputs: list[str] = typer.Argument(..., help="Outputs whose committed rows the draft learns from (local or s3://), "
                                                  "or their job files with --param; the first names the job."),
     out: str = typer.Option(..., "--out", help="Directory for the new draft and its distill.json."),
-    start: str | None = typer.Option(None, "--from", help="Draft to start from (default: the model draft the job used)."),
-    kind: str = typer.Option("model", help="Draft kind to train: model (a small causal LM)."),
+    start: str | None = typer.Option(None, "--from", help="Draft to start from (default: the job's draft when of the kind "
+                                                          "trained; for eagle3 otherwise a new one, from the outputs alone)."),
+    kind: str = typer.Option("model", help="Draft kind to train: model (a small causal LM fine-tuned on the completions) "
+                                           "or eagle3 (a layer over the target's features, trained on its greedy tokens)."),
     max_rows: int | None = typer.Option(None, help="Rows to learn from at most (a seeded sample of them)."),
     held_out: float = typer.Option(0.1, help="Share of rows kept apart to check the draft on (by a hash of shard and id)."),
     replay: list[str] = typer.Option([], "--replay", help="An older output mixed into training (repeatable)."),
@@ -518,8 +520,10 @@ def distill(
     oversample_low: float = typer.Option(0.25, help="Share of rows, lowest acceptance in their run first, seen twice."),
     group_by: str = typer.Option("dir", help="Groups the check reports: dir (hive keys below the input root, "
                                              "e.g. domain=legal) or shard."),
-    epochs: int = typer.Option(3, help="Passes over the rows; the epoch with the best held-out acceptance is kept."),
-    lr: float = typer.Option(3e-4, help="Peak learning rate (AdamW, warm-up then cosine)."),
+    epochs: int | None = typer.Option(None, help="Passes over the rows (default: model 3, eagle3 8); the epoch with "
+                                                 "the best held-out acceptance is kept."),
+    lr: float | None = typer.Option(None, help="Peak learning rate, AdamW, warm-up then cosine (default: model 3e-4, "
+                                               "eagle3 1e-3)."),
     seed: int = typer.Option(0, help="Seed of the sample, the order and the initialisation."),
     backend: str | None = typer.Option(None, help="Engine for the check: hf or vllm (default: the one the job ran on)."),
     storage_option: list[str] = typer.Option([], "--storage-option", help="fsspec option, e.g. endpoint_url=http://..."),

@@ -117,6 +117,18 @@ def test_distill_trains_checks_on_held_out_rows_and_the_draft_stays_exact(night,
     assert {i: c for i, (c, _) in runs["on"].items()} == {i: c for i, (c, _) in runs["off"].items()}
     assert sum(d for _, d in runs["on"].values()) > 0
 
+    # The run names its draft and what it learned from; the two nights compare group by group.
+    from batchspec.reports.output import build_report, compare, compare_text, to_text
+
+    after = build_report(str(tmp / "next-on"))
+    assert after["draft"]["fingerprint"] == checkpoint_fingerprint(str(tmp_path / "draft"))
+    assert after["draft"]["distilled"]["outputs"] == [spec.output.path]
+    assert f"draft: model {tmp_path / 'draft'} (distilled from {spec.output.path}), sha256:" in to_text(after)
+    cmp = compare(build_report(spec.output.path), after)
+    assert set(cmp["groups"]) == {"domain=a", "domain=b"}
+    assert cmp["groups"]["domain=b"]["a"]["rows"] == 40 and cmp["groups"]["domain=b"]["b"]["rows"] == 40
+    assert "acceptance by group" in compare_text(cmp) and f"draft in A: model {models_dir / 'llama-other'}" in compare_text(cmp)
+
 
 def test_a_draft_that_is_not_better_exits_1_and_is_refused_as_is_one_made_for_another_target(night, models_dir,
                                                                                               tmp_path):
@@ -147,9 +159,40 @@ def test_distill_says_what_it_cannot_do_in_one_line(night, tmp_path):
 
     _, spec = night
     with pytest.raises(DistillError, match="cannot be distilled yet"):
-        api.distill(spec.output.path, tmp_path / "x", kind="eagle3")
+        api.distill(spec.output.path, tmp_path / "x", kind="medusa")
     with pytest.raises(DistillError, match="too few"):
         api.distill(spec.output.path, tmp_path / "x", held_out=0.0)
     proc = subprocess.run([sys.executable, "-m", "batchspec.cli", "distill", str(tmp_path / "nothing"), "--out",
                            str(tmp_path / "y")], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.startswith("error: no batchspec job at"), proc.stderr
+
+
+def test_an_eagle3_draft_from_the_outputs_alone_is_checked_against_the_jobs_draft_and_stays_exact(
+        night, models_dir, ray_session, tmp_path):
+    """kind eagle3, new (the job's draft is a model draft): features from a prefill pass of the
+    target per batch, saved in the reference layout; the check compares it with the job's own
+    draft on the held-out rows; a job on it equals plain decoding."""
+    from batchspec import api
+    from batchspec.runner.job import submit
+    from batchspec.runner.store import OutputStore
+
+    tmp, spec = night
+    result = api.distill(spec.output.path, tmp_path / "eagle3", kind="eagle3", held_out=0.25, epochs=2,
+                         min_gain=-1.0, max_group_loss=1.0)
+    record = result.record
+    assert record["kind"] == "eagle3" and record["started_from"] is None
+    assert record["compared_with"] == {"kind": "model", "path": str(models_dir / "llama-other")}
+    assert record["training"]["feature_layers"] and record["training"]["epochs"][-1]["epoch"] == 2
+    assert record["before"]["differs_from_output"] == record["after"]["differs_from_output"] == 0
+    assert record["after"]["all"]["mean_acceptance_length"] is not None
+    config = json.loads((tmp_path / "eagle3" / "config.json").read_text())
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == record["training"]["feature_layers"]
+
+    completions = {}
+    for mode, kind, draft in (("on", "eagle3", str(tmp_path / "eagle3")), ("off", "model", str(models_dir / "llama-other"))):
+        job = _job(models_dir, tmp, f"e3-{mode}", draft, mode, out=f"e3-{mode}")
+        job["model"]["draft"]["kind"] = kind
+        assert submit(spec_from_dict(job)).ok
+        store = OutputStore(str(tmp / f"e3-{mode}"))
+        completions[mode] = {r["id"]: r["completion"] for s in store.manifests() for r in store.read_part(s).to_pylist()}
+    assert completions["on"] == completions["off"]

@@ -237,18 +237,6 @@ def draft_vocabulary(features, tok, vocab_size: int, size: int, seed: int, batch
     return counts.argsort(descending=True, stable=True)[:size].sort().values
 
 
-def unrolled_mask(valid: torch.Tensor, step: int) -> torch.Tensor:
-    """Attention for step `step` of training-time unrolling, as drafting attends: anchor t's
-    query sees the real pairs 0..t (step 0, causal) and its own earlier predictions (steps
-    1..step, the same anchor only). valid [B, A]: the real pairs. Returns [B, 1, A, (step+1) A]
-    additive (0 visible, min elsewhere)."""
-    B, A = valid.shape
-    causal = torch.ones(A, A, dtype=torch.bool).tril()[None] & valid[:, None, :].bool()
-    blocks = [causal] + [torch.eye(A, dtype=torch.bool)[None].expand(B, A, A)] * step
-    seen = torch.cat(blocks, -1)[:, None]
-    return torch.zeros(seen.shape).masked_fill(~seen, torch.finfo(torch.float32).min)
-
-
 def train_eagle3(target_dir: Path, tok_dir: Path, out: Path, steps: int, lr: float, seed: int, batch: int = 32,
                  unroll: int = 3, vocab: int = 512, log_every: int = 50) -> dict:
     """EAGLE-3 by self-distillation on the frozen target (docs/demo.md): tokens only, no feature
@@ -258,9 +246,10 @@ def train_eagle3(target_dir: Path, tok_dir: Path, out: Path, steps: int, lr: flo
     drafting does, and predicts the token after x_{t+1+j}), losses weighted 0.8^j. The LM head
     covers the `vocab` ids the target predicts most; positions whose target token lies outside it
     do not count."""
-    from transformers import AutoTokenizer, DynamicCache
+    from transformers import AutoTokenizer
 
     from ..engine.learned import Eagle3Model, save_eagle3
+    from ..training.eagle3 import unrolled_loss
 
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(tok_dir)
@@ -273,26 +262,7 @@ def train_eagle3(target_dir: Path, tok_dir: Path, out: Path, steps: int, lr: flo
     params = [p for p in module.parameters() if p.requires_grad]
 
     def step_loss(ids, mask, _labels, feats, teacher):
-        B, T = ids.shape
-        A = T - 1  # anchors t: pairs (features at t, token t+1)
-        ids_ext = torch.cat([ids, torch.full((B, unroll), tok.pad_token_id)], 1)
-        real = torch.cat([mask, torch.zeros(B, unroll, dtype=mask.dtype)], 1)
-        labels_ext = torch.cat([to_draft[teacher], torch.full((B, unroll), -100)], 1)
-        valid0 = mask[:, 1:]
-        cache, hidden = DynamicCache(), module.fuse(feats[:, :-1])
-        loss, hits, total = 0.0, 0, 0
-        for j in range(unroll):
-            x = ids_ext[:, 1 + j: 1 + j + A]
-            pos = torch.arange(A)[None].expand(B, A) + j
-            hidden = module.predict(x, hidden, attention_mask=unrolled_mask(valid0, j), position_ids=pos,
-                                    past_key_values=cache, use_cache=True)
-            lab = labels_ext[:, 1 + j: 1 + j + A].masked_fill(real[:, 1 + j: 1 + j + A] == 0, -100)
-            keep = lab != -100
-            logits = module.draft_logits(hidden[keep])
-            loss = loss + torch.nn.functional.cross_entropy(logits, lab[keep]) * (0.8 ** j)
-            if j == 0:
-                hits, total = int((logits.argmax(-1) == lab[keep]).sum()), int(keep.sum())
-        return loss, hits, total
+        return unrolled_loss(module, ids, mask, feats, teacher, to_draft, tok.pad_token_id, unroll)
 
     losses, accs, minutes = _fit("eagle3", params, tok, features, step_loss, steps, lr, seed, batch, log_every)
     module.eval()

@@ -75,23 +75,31 @@ def local_checkpoint_dir(source: str) -> Path | None:
         return None
 
 
+# Above this many bytes of weights a fingerprint hashes their names and sizes, not their bytes: a
+# submit must not read a 140 GB target to check a draft (hashing runs at ~0.5 GB/s here).
+FULL_HASH_BYTES = 1 << 30
+
+
 def checkpoint_fingerprint(source: str) -> str | None:
     """'sha256:<16 hex>' over a checkpoint's config.json and weight files (names and bytes, streamed):
-    two checkpoints share it only when they compute the same thing. None where the files are not on
-    this machine (see local_checkpoint_dir). A 40M-parameter fp32 checkpoint hashes in ~0.3 s."""
+    two checkpoints share it only when they compute the same thing. Above FULL_HASH_BYTES of
+    weights, 'shape:<16 hex>' over config.json and the weight files' names and sizes (two fine-tunes
+    of one model share it). None where the files are not on this machine (local_checkpoint_dir)."""
     import hashlib
 
     folder = local_checkpoint_dir(source)
     if folder is None or not (folder / "config.json").is_file():
         return None
-    digest = hashlib.sha256()
-    files = [folder / "config.json"] + sorted(f for f in folder.iterdir() if f.suffix in _WEIGHT_SUFFIXES)
-    for f in files:
-        digest.update(f.name.encode() + b"\0")
-        with open(f, "rb") as fh:
-            while chunk := fh.read(1 << 22):
-                digest.update(chunk)
-    return "sha256:" + digest.hexdigest()[:16]
+    weights = sorted(f for f in folder.iterdir() if f.suffix in _WEIGHT_SUFFIXES)
+    full = sum(f.stat().st_size for f in weights) <= FULL_HASH_BYTES
+    digest = hashlib.sha256((folder / "config.json").read_bytes())
+    for f in weights:
+        digest.update(f"\0{f.name}\0{f.stat().st_size}".encode())
+        if full:
+            with open(f, "rb") as fh:
+                while chunk := fh.read(1 << 22):
+                    digest.update(chunk)
+    return f"{'sha256' if full else 'shape'}:{digest.hexdigest()[:16]}"
 
 
 def distilled_draft_problem(draft: str, target: str) -> str | None:
@@ -116,3 +124,26 @@ def distilled_draft_problem(draft: str, target: str) -> str | None:
         return (f"draft {draft} was distilled for target {record.get('target')} ({theirs}), and this job's target "
                 f"{target} is another checkpoint ({ours}): distill a draft from this target's outputs")
     return None
+
+
+def draft_identity(kind: str, path: str | None) -> dict:
+    """What a run records of its draft (job.json runs[].draft): kind, path, the checkpoint's
+    fingerprint, and for a draft made by `batchspec distill` what it learned from."""
+    import json
+
+    out: dict = {"kind": kind, "path": path, "fingerprint": checkpoint_fingerprint(path) if path else None}
+    folder = local_checkpoint_dir(path) if path else None
+    record_file = folder / "distill.json" if folder is not None else None
+    if record_file is not None and record_file.is_file():
+        try:
+            record = json.loads(record_file.read_text())
+        except ValueError:
+            return out
+        out["distilled"] = {"outputs": record.get("outputs"), "replay": record.get("replay"),
+                            "started_from": record.get("started_from"), "passed": record.get("passed"),
+                            "target_fingerprint": record.get("target_fingerprint"),
+                            "rows_trained": (record.get("rows") or {}).get("trained"),
+                            "held_out_mean_acceptance_length": [
+                                ((record.get(w) or {}).get("all") or {}).get("mean_acceptance_length")
+                                for w in ("before", "after")]}
+    return out

@@ -142,6 +142,29 @@ def _saving(shards: pl.DataFrame, manifests: dict[str, dict], spec_rows: int) ->
     return {**out, "estimated_saving_s": total if counted else (0.0 if estimated <= 0 else None), "saving_rows": counted}
 
 
+def input_group(path: str, root: str) -> str:
+    """The group of an input file: the hive keys (k=v folders) between the input root and the file
+    (in/dt=2026-12-05/domain=legal/part-0.parquet under in/dt=2026-12-05 -> 'domain=legal'), the
+    groups that stay the same night after night while shards change; 'all' where there are none."""
+    rel = path[len(root.rstrip("/")):] if path.startswith(root.rstrip("/")) else path
+    return "/".join(p for p in rel.strip("/").split("/")[:-1] if "=" in p) or "all"
+
+
+def _groups(manifests: dict[str, dict], root: str) -> dict[str, dict[str, Any]]:
+    """Rows and acceptance per input group, from the manifests' token sums."""
+    sums: dict[str, dict[str, int]] = {}
+    for m in manifests.values():
+        g = sums.setdefault(input_group(str(m.get("path") or ""), root), {"rows": 0, "accepted": 0, "drafted": 0, "rounds": 0})
+        t = m.get("tokens") or {}
+        g["rows"] += m.get("rows_out") or 0
+        g["accepted"] += t.get("accepted_tokens", 0)
+        g["drafted"] += t.get("draft_tokens", 0)
+        g["rounds"] += t.get("spec_rounds", 0)
+    return {name: {"rows": g["rows"], "acceptance_rate": acceptance_rate(g["accepted"], g["drafted"]),
+                   "mean_acceptance_length": mean_acceptance_length(g["accepted"], g["rounds"])}
+            for name, g in sorted(sums.items())}
+
+
 def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd: float | None = None) -> dict[str, Any]:
     store, job, manifests, other = load(output, storage_options)
     scan = _scan(store, manifests)
@@ -192,6 +215,8 @@ def build_report(output: str, storage_options: dict | None = None, gpu_hour_usd:
         **_saving(scan.shards, manifests, spec_rows),
         "ttft_s": _quantiles(scan.ttft) if ok_rows else {}, "latency_s": _quantiles(scan.latency) if ok_rows else {},
         "shards": shards, "rerun_shards": _reruns(shards),
+        "draft": next((r["draft"] for r in reversed(job.get("runs") or []) if r.get("draft")), None),
+        "groups": _groups(manifests, ((job.get("spec") or {}).get("input") or {}).get("path") or ""),
         "_acceptance_values": scan.acceptance, "_latency_values": scan.latency,
         "_spec_tokens_per_s": _rate(total("spec_completion_tokens"), scan.shards, "spec_latency_s", spec_rows),
         "_plain_tokens_per_s": _rate(total("plain_completion_tokens"), scan.shards, "plain_latency_s", ok_rows - spec_rows),
@@ -297,6 +322,16 @@ def _fmt(v, spec=".2f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def draft_name(identity: dict | None) -> str | None:
+    """A run's draft as its record names it: 'model drafts/12-05 (distilled from out/dt=2026-12-05)'.
+    None for a run recorded before runs named their draft."""
+    if not identity:
+        return None
+    name = f"{identity['kind']} {identity['path']}" if identity.get("path") else identity["kind"]
+    distilled = identity.get("distilled")
+    return f"{name} (distilled from {', '.join(distilled.get('outputs') or [])})" if distilled else name
+
+
 def to_text(r: dict) -> str:
     q = r["acceptance_rate_quantiles"]
     lines = [
@@ -313,6 +348,7 @@ def to_text(r: dict) -> str:
         f"{_fmt(q['p50'])}, p90 {_fmt(q['p90'])}), mean acceptance length {_fmt(r['mean_acceptance_length'])}",
         f"ttft p50/p95/p99 {'/'.join(_fmt(r['ttft_s'].get(k), '.3f') for k in ('p50', 'p95', 'p99'))}s  "
         f"latency {'/'.join(_fmt(r['latency_s'].get(k), '.3f') for k in ('p50', 'p95', 'p99'))}s",
+        *([f"draft: {draft_name(r['draft'])}, {r['draft'].get('fingerprint') or 'no fingerprint'}"] if r["draft"] else []),
         *([f"failed before, committed on a rerun: {_reruns_text(r)}"] if r["rerun_shards"] else []),
         "",
         f"{'shard':<24}{'rows':>6}{'errors':>7}{'tokens':>8}{'tok/s':>8}{'accept':>8}{'cost $':>10}  decisions",
@@ -503,7 +539,10 @@ def compare(a: dict, b: dict) -> dict:
     for key in COMPARED:
         va, vb = a.get(key), b.get(key)
         out[key] = {"a": va, "b": vb, "ratio": (vb / va) if isinstance(va, (int, float)) and va and vb is not None else None}
-    return {"a": a["output"], "b": b["output"], "figures": out,
+    groups = {g: {"a": a.get("groups", {}).get(g), "b": b.get("groups", {}).get(g)}
+              for g in sorted({*a.get("groups", {}), *b.get("groups", {})})}
+    return {"a": a["output"], "b": b["output"], "figures": out, "groups": groups,
+            "draft": {"a": draft_name(a.get("draft")), "b": draft_name(b.get("draft"))},
             "saving": {"a": _saving_text(a), "b": _saving_text(b)}, "side_by_side": side_by_side(a, b)}
 
 
@@ -527,6 +566,13 @@ def compare_text(c: dict) -> str:
     lines = [f"A = {c['a']}\nB = {c['b']}", f"{'figure':<26}{'A':>14}{'B':>14}{'B/A':>8}"]
     for key, v in c["figures"].items():
         lines.append(f"{key:<26}{_fmt(v['a'], '.4g'):>14}{_fmt(v['b'], '.4g'):>14}{_fmt(v['ratio'], '.3f'):>8}")
+    if len(c["groups"]) > 1:
+        lines += ["", f"{'acceptance by group':<26}{'A':>14}{'B':>14}{'B-A':>8}"]
+        for g, v in c["groups"].items():
+            in_a, in_b = ((x or {}).get("acceptance_rate") for x in (v["a"], v["b"]))
+            diff = in_b - in_a if in_a is not None and in_b is not None else None
+            lines.append(f"{g:<26}{_fmt(in_a, '.3f'):>14}{_fmt(in_b, '.3f'):>14}{_fmt(diff, '+.3f'):>8}")
+    lines += ["", f"draft in A: {c['draft']['a'] or '-'}", f"draft in B: {c['draft']['b'] or '-'}"]
     lines += ["", f"saving in A: {c['saving']['a']}", f"saving in B: {c['saving']['b']}"]
     if (pair := c.get("side_by_side")) is not None:
         diff = pair["plain_minus_speculating_actor_s"]

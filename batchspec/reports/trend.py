@@ -25,7 +25,7 @@ from typing import Any
 from ..rates import acceptance_rate
 from ..runner.store import OutputStore
 from ..spec import JobSpec
-from .output import load
+from .output import draft_name, load
 
 FIGURES = ("rows", "error_rows", "prompt_tokens", "completion_tokens", "accepted_tokens", "draft_tokens", "actor_seconds")
 
@@ -96,9 +96,11 @@ def night(output: str, storage_options: dict | None = None, gpu_hour_usd: float 
                            for e in m.get("earlier_errors") or [] if e.get("job_id") == r.get("job_id")})
         loads = [a.get("load_s", 0.0) for a in (r.get("startup") or {}).get("actors", [])]
         runs.append({"job_id": r.get("job_id"), "status": r.get("status"), "started_at": r.get("started_at"),
+                     "draft": draft_name(r.get("draft")) or draft, "draft_identity": r.get("draft"),
                      "wall_s": r.get("wall_s"), "startup_actor_seconds": sum(loads), "shards_committed": len(mine),
                      "failed_shards": failed, **_sums(mine, price)})
     reruns = sorted(s for s, m in done.items() if m.get("earlier_errors"))
+    draft = runs[-1]["draft"] if runs else draft
     return {"output": output, "partition": partition(output, root), "name": job.get("name"), "draft": draft,
             "complete": len(done) == len(job.get("shards") or []), "shards": len(job.get("shards") or []),
             "shards_committed": len(done), "not_committed": sorted(set(job.get("shards") or []) - set(done)),
@@ -156,7 +158,7 @@ def to_text(t: dict) -> str:
         label = _label(n)
         for r in n["runs"]:
             run = (r["job_id"] or "?").rsplit("-", 2)[-2][-6:] if r["job_id"] and r["job_id"].count("-") >= 2 else "?"
-            lines.append(_line(label, run, r["status"] or "?", r, len(r["failed_shards"]), "", n["draft"]))
+            lines.append(_line(label, run, r["status"] or "?", r, len(r["failed_shards"]), "", r["draft"]))
             label = ""
         if len(n["runs"]) != 1:
             status = "complete" if n["complete"] else f"{len(n['not_committed'])} not done"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 
 from ..engine.backend import BackendChoice
+from ..engine.sources import draft_identity
 from ..spec import JobSpec
 from .outcome import JobResult
 from .plan import Shard, input_fingerprint
@@ -22,8 +23,10 @@ def job_record(spec: JobSpec, job_id: str, shards: list[Shard], previous: dict |
                 # This run holds the lease, so no other run is writing: one still recorded as
                 # running was killed, or displaced by --force or a stale takeover.
                 run.update({"status": "stopped", "stopped_note": f"no end recorded; run {job_id} took the output over"})
+        d = spec.model.draft
         runs.append({"job_id": job_id, "started_at": now_iso(), "status": status,
-                     "backend": backend.name if backend else None, "backend_reason": backend.reason if backend else None})
+                     "backend": backend.name if backend else None, "backend_reason": backend.reason if backend else None,
+                     "draft": None if spec.draft_used() == "none" else draft_identity(d.kind, d.path)})
     else:
         run_entry(runs, job_id).update({"status": status, "finished_at": now_iso(), "done": len(result.done),
                          "failed": sorted(result.failed), "skipped": len(result.skipped), "wall_s": result.wall_s,

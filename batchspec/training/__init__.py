@@ -24,7 +24,10 @@ from typing import Any
 from ..errors import BatchspecError
 
 DISTILL_FILE = "distill.json"
-KINDS = ("model",)  # eagle3 next (issue 59)
+KINDS = ("model", "eagle3")
+# Per kind: epochs and peak learning rate when not given (a fine-tuned draft model needs few
+# passes; an EAGLE-3 layer started new needs more, at a higher rate, as the demo trainer's).
+DEFAULTS = {"model": (3, 3e-4), "eagle3": (8, 1e-3)}
 
 
 class DistillError(BatchspecError, ValueError):
@@ -33,7 +36,7 @@ class DistillError(BatchspecError, ValueError):
 
 @dataclass
 class Options:
-    start: str | None = None  # the draft to start from; default: the model draft the first output's job used
+    start: str | None = None  # the draft to start from; default: the job's draft when of this kind (eagle3: else a new one)
     kind: str = "model"
     max_rows: int | None = None  # rows to learn from, a seeded sample when there are more
     held_out: float = 0.1  # share of each output's rows kept for the check
@@ -41,8 +44,8 @@ class Options:
     replay_share: float = 0.5  # replayed rows at most this share of the new ones
     oversample_low: float = 0.25  # share of rows, lowest acceptance first, seen twice per epoch
     group_by: str = "dir"  # dir (hive keys below the input root) | shard
-    epochs: int = 3
-    lr: float = 3e-4
+    epochs: int | None = None  # default per kind (DEFAULTS)
+    lr: float | None = None
     batch: int = 16
     seed: int = 0
     backend: str | None = None  # default: the backend the first output's last run used
@@ -92,12 +95,18 @@ def distill(outputs: list[str], out: str | Path, options: Options | None = None,
                                "a draft learns one target's completions")
         rows += [(r, i >= len(outputs)) for r in got]
         left.update(miss)
-    start = o.start or (spec.model.draft.path if spec.model.draft.kind == "model" else None)
-    if not start:
-        raise DistillError(f"the job's draft is '{spec.model.draft.kind}', not a model draft: give the draft to start "
+    job_draft = spec.model.draft
+    start = o.start or (job_draft.path if job_draft.kind == o.kind else None)
+    if not start and o.kind == "model":
+        raise DistillError(f"the job's draft is '{job_draft.kind}', not a model draft: give the draft to start "
                            "from (--from DIR, a small causal LM sharing the target's tokenizer)")
-    return _train_and_check(spec, rows, left, tok, local, start, Path(out), o, o.backend or _backend_of(outputs[0], o.storage_options),
-                            checkpoint_fingerprint(target), outputs, t0, log)
+    # The check compares the new draft with the one the job runs now (or the one it started from).
+    base = (o.kind, o.start) if o.start else (job_draft.kind, job_draft.path)
+    if base[0] == "none":
+        raise DistillError("the job has no draft to compare the new one with: give one with --from")
+    return _train_and_check(spec, rows, left, tok, local, (start, base), Path(out), o,
+                            o.backend or _backend_of(outputs[0], o.storage_options), checkpoint_fingerprint(target),
+                            outputs, t0, log)
 
 
 def _backend_of(output: str, storage_options: dict) -> str:
@@ -123,31 +132,31 @@ def _split(rows: list[tuple[Any, bool]], o: Options) -> tuple[list[Any], list[An
     return train, held, len(train_old)
 
 
-def _train_and_check(spec, rows, left, tok, local, start, out: Path, o: Options, backend: str, fingerprint,
+def _train_and_check(spec, rows, left, tok, local, drafts, out: Path, o: Options, backend: str, fingerprint,
                      outputs, t0: float, log) -> Result:
     from .check import measure, verdict
-    from .train import examples, fine_tune, oversample
+    from .train import examples, oversample
 
+    start, base = drafts
     train, held, replayed = _split(rows, o)
     if not train or not held:
         raise DistillError(f"{len(train)} rows to learn from and {len(held)} to check on: too few (committed rows "
                            f"left out: {dict(left) or 'none'}); give more output or a larger --held-out")
-    max_len = _context(start)
+    target = local.get(spec.model.target, spec.model.target)
+    max_len = _context(start if o.kind == "model" and start else target)
     train_ex, train_rows, too_long = examples(tok, train, max_len)
     held_ex, _, _ = examples(tok, held, max_len)
     oversample(train_rows, train_ex, o.oversample_low)
     log(f"distill: {len(train_ex)} rows to learn from ({replayed} replayed), {len(held)} held out, "
-        f"{sum(left.values())} committed rows left out {dict(left)}; starting from {start}")
+        f"{sum(left.values())} committed rows left out {dict(left)}; {o.kind} draft starting from {start or 'new'}")
     k = spec.speculation.num_speculative_tokens
-    model, trained = fine_tune(start, tok, train_ex, held_ex, k, o.epochs, o.lr, o.batch, o.seed, log)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
+    trained = _train(o, spec, target, start, tok, train_ex, held_ex, k, out, log)
     log(f"distill: checking the draft before and after on {len(held)} held-out rows ({backend} engine, k={k})")
-    before = measure(spec, backend, start, held, local)
-    after = measure(spec, backend, str(out), held, local)
+    before = measure(spec, backend, base[0], base[1], held, local)
+    after = measure(spec, backend, o.kind, str(out), held, local)
     reasons = verdict(before, after, o.min_gain, o.max_group_loss)
-    record = {"out": str(out), "kind": o.kind, "target": spec.model.target, "target_fingerprint": fingerprint, "started_from": start,
+    record = {"out": str(out), "kind": o.kind, "target": spec.model.target, "target_fingerprint": fingerprint,
+              "started_from": start, "compared_with": {"kind": base[0], "path": base[1]},
               "outputs": list(outputs), "replay": list(o.replay), "backend": backend, "k": k,
               "rows": {"trained": len(train_ex), "replayed": replayed, "held_out": len(held), "too_long": too_long,
                        "left_out": dict(left), "seen_twice": trained["rows_seen_twice"]},
@@ -156,6 +165,27 @@ def _train_and_check(spec, rows, left, tok, local, start, out: Path, o: Options,
               "wall_s": round(time.perf_counter() - t0, 2)}
     (out / DISTILL_FILE).write_text(json.dumps(record, indent=2, sort_keys=True))
     return Result(str(out), not reasons, reasons, record)
+
+
+def _train(o: Options, spec, target: str, start: str | None, tok, train_ex, held_ex, k: int, out: Path,
+           log) -> dict[str, Any]:
+    """Train the kind asked for and save it to out (a checkpoint `model.draft.path` takes)."""
+    epochs, lr = (o.epochs if o.epochs is not None else DEFAULTS[o.kind][0]), (o.lr or DEFAULTS[o.kind][1])
+    out.mkdir(parents=True, exist_ok=True)
+    if o.kind == "eagle3":
+        from ..engine.learned import save_eagle3
+        from .eagle3 import fine_tune_eagle3
+
+        module, trained = fine_tune_eagle3(target, start, tok, train_ex, held_ex, epochs, lr, o.batch, o.seed, log=log)
+        save_eagle3(module, out, spec.model.target)
+        return trained
+    from .train import fine_tune
+
+    assert start is not None
+    model, trained = fine_tune(start, tok, train_ex, held_ex, k, epochs, lr, o.batch, o.seed, log)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return trained
 
 
 def _context(path: str) -> int:

@@ -20,22 +20,23 @@ from ..spec import JobSpec
 from .rows import Row
 
 
-def with_draft(spec: JobSpec, path: str) -> Any:
-    """The job's model section with a `model` draft at path (and no plain engine beside it: every
-    call here speculates)."""
-    draft = spec.model.draft.model_copy(update={"kind": "model", "path": path})
+def with_draft(spec: JobSpec, kind: str, path: str | None) -> Any:
+    """The job's model section with this draft (and no plain engine beside it: every call here
+    speculates)."""
+    draft = spec.model.draft.model_copy(update={"kind": kind, "path": path})
     return spec.model.model_copy(update={"draft": draft, "vllm_plain_engine": False})
 
 
-def measure(spec: JobSpec, backend: str, draft: str, rows: list[Row], local_paths: dict[str, str] | None = None
-            ) -> dict[str, Any]:
-    """{'groups': {group: figures}, 'all': figures, 'differs_from_output': n} for `rows` under `draft`."""
+def measure(spec: JobSpec, backend: str, kind: str, draft: str | None, rows: list[Row],
+            local_paths: dict[str, str] | None = None) -> dict[str, Any]:
+    """{'groups': {group: figures}, 'all': figures, 'differs_from_output': n} for `rows` under the draft."""
     import os
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's INFO lines would bury the command's own
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # and stdout is the command's (--json)
     g, k = spec.generation, spec.speculation.num_speculative_tokens
     sampling = SamplingParams(g.temperature, g.top_k, g.top_p)
-    engine = load_backend(backend, with_draft(spec, draft), k_default=k, sampled=not sampling.greedy,
+    engine = load_backend(backend, with_draft(spec, kind, draft), k_default=k, sampled=not sampling.greedy,
                           local_paths=local_paths, plain_calls=False)
     try:
         ids = engine.tokenize([r.prompt for r in rows])

@@ -23,7 +23,7 @@ import hashlib
 from collections import Counter
 from dataclasses import dataclass
 
-from ..reports.output import load
+from ..reports.output import input_group, load
 from ..runner.plan import Shard
 from ..runner.read import ShardReadError, prompt_hash, read_shard, validate_rows
 from ..spec import JobSpec
@@ -49,14 +49,8 @@ class Row:
 
 
 def group_of(path: str, root: str, by: str, shard: str) -> str:
-    """by 'shard': the shard; by 'dir': the hive keys (k=v folders) between the input root and the
-    file (in/dt=2026-12-05/domain=legal/part-0.parquet under in/dt=2026-12-05 -> 'domain=legal'),
-    'all' where there are none."""
-    if by == "shard":
-        return shard
-    rel = path[len(root):] if path.startswith(root.rstrip("/")) else path
-    keys = [p for p in rel.strip("/").split("/")[:-1] if "=" in p]
-    return "/".join(keys) or "all"
+    """by 'shard': the shard; by 'dir': the hive keys below the input root (reports.output.input_group)."""
+    return shard if by == "shard" else input_group(path, root)
 
 
 def committed_rows(output: str, tokenizer, group_by: str = "dir",
