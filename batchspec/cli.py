@@ -525,6 +525,8 @@ def distill(
     lr: float | None = typer.Option(None, help="Peak learning rate, AdamW, warm-up then cosine (default: model 3e-4, "
                                                "eagle3 1e-3)."),
     seed: int = typer.Option(0, help="Seed of the sample, the order and the initialisation."),
+    workers: int = typer.Option(1, help="Train on this many Ray Train workers (DDP; gloo on CPU), on the Ray cluster "
+                                        "RAY_ADDRESS names or a local one; 1: in this process (model kind)."),
     backend: str | None = typer.Option(None, help="Engine for the check: hf or vllm (default: the one the job ran on)."),
     storage_option: list[str] = typer.Option([], "--storage-option", help="fsspec option, e.g. endpoint_url=http://..."),
     param: list[str] = typer.Option([], "--param", help="With a job file: " + PARAM_HELP),
@@ -552,7 +554,7 @@ def distill(
         result = api.distill(outputs, out, params=_params(param), storage_options=_options(storage_option),
                              log=lambda line: typer.echo(line, err=True), start=start, kind=kind, max_rows=max_rows,
                              held_out=held_out, replay=replay, replay_share=replay_share, oversample_low=oversample_low,
-                             group_by=group_by, epochs=epochs, lr=lr, seed=seed, backend=backend)
+                             group_by=group_by, epochs=epochs, lr=lr, seed=seed, backend=backend, workers=workers)
     except (BatchspecError, FileNotFoundError) as e:
         _die(str(e))
     if as_json:

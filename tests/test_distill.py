@@ -1,7 +1,7 @@
 """batchspec distill (batchspec/training/, docs/distill.md): committed rows paired with their
 prompts as the runner rendered them, a draft trained on the target's completions and checked on
 held-out rows with the engine before it is used, and refused where it must not serve.
-(On vLLM: tests/test_vllm_backend.py, test_a_draft_distilled_from_a_vllm_output_...)"""
+(On vLLM: tests/test_vllm_backend.py, test_drafts_distilled_from_a_vllm_output_...)"""
 
 from __future__ import annotations
 
@@ -196,3 +196,21 @@ def test_an_eagle3_draft_from_the_outputs_alone_is_checked_against_the_jobs_draf
         store = OutputStore(str(tmp / f"e3-{mode}"))
         completions[mode] = {r["id"]: r["completion"] for s in store.manifests() for r in store.read_part(s).to_pylist()}
     assert completions["on"] == completions["off"]
+
+
+def test_distill_trains_on_two_ray_train_workers(night, ray_session, tmp_path):
+    """--workers 2: the model kind trains data-parallel through Ray Train (TorchTrainer, DDP over
+    gloo on CPU), each step's batches dealt over the workers; the draft comes back through Ray
+    Train's checkpoint and is checked as a one-process one is."""
+    from batchspec import api
+
+    _, spec = night
+    record = api.distill(spec.output.path, tmp_path / "ddp", held_out=0.25, epochs=2, lr=1e-3, workers=2,
+                         min_gain=-1.0, max_group_loss=1.0).record
+    training = record["training"]
+    assert training["workers"] == 2 and [e["epoch"] for e in training["epochs"]] == [0, 1, 2]
+    assert all(e["loss"] > 0 for e in training["epochs"][1:])
+    rows_per_epoch = record["rows"]["trained"] + record["rows"]["seen_twice"]
+    assert training["steps"] == 2 * (-(-rows_per_epoch // 16) // 2)  # epochs x (batches of 16, dealt over 2)
+    assert (tmp_path / "ddp" / "config.json").exists() and record["after"]["differs_from_output"] == 0
+    assert record["after"]["all"]["mean_acceptance_length"] > record["before"]["all"]["mean_acceptance_length"]

@@ -1209,10 +1209,10 @@ def _dist_installed(name: str) -> bool:
         return False
 
 
-def test_a_draft_distilled_from_a_vllm_output_is_checked_on_vllm_and_stays_exact(ray_session, tmp_path, hf_reference):
-    """batchspec distill on an output the vllm backend wrote: the check runs on vLLM (the job's
-    engine) and regenerates every held-out row as the output holds it; a job on the distilled
-    draft, through vLLM's speculative_config, equals plain decoding row for row."""
+def test_drafts_distilled_from_a_vllm_output_are_checked_on_vllm_and_stay_exact(ray_session, tmp_path, hf_reference):
+    """batchspec distill on an output the vllm backend wrote, model and eagle3 kinds: the check runs
+    on vLLM (the job's engine) and regenerates every held-out row as the output holds it; a job on
+    each distilled draft, through vLLM's speculative_config, equals plain decoding row for row."""
     _require_vllm()
     from batchspec import api
     from batchspec.runner.job import submit
@@ -1229,12 +1229,20 @@ def test_a_draft_distilled_from_a_vllm_output_is_checked_on_vllm_and_stays_exact
     assert record["after"]["all"]["rows"] == record["rows"]["held_out"] > 0
     assert record["after"]["all"]["mean_acceptance_length"] > 1.0
 
-    nxt = tmp_path / "next"
-    again = load_spec(DEMO_JOB, [f"input.path={tmp_path / 'in'}", f"output.path={nxt}",
-                                 f"model.target={ROOT / 'models/legal-target'}", f"model.draft.path={tmp_path / 'draft'}",
-                                 "generation.max_new_tokens=48", "model.backend=vllm", "speculation.mode=on"])
-    assert submit(again).ok
-    store = OutputStore(str(nxt))
-    rows = [r for s in SHARDS for r in sorted(store.read_part(s).to_pylist(), key=lambda r: r["row_index"])]
-    assert [r["completion"] for r in rows] == hf_reference[1]
-    assert all(r["spec_enabled"] and r["draft_model"] == str(tmp_path / "draft") for r in rows)
+    # An EAGLE-3 draft from the same output alone, checked on vLLM (its eagle3 method) against the job's draft.
+    eagle3 = api.distill(spec.output.path, tmp_path / "eagle3", kind="eagle3", held_out=0.25, epochs=1,
+                         min_gain=-1.0, max_group_loss=1.0).record
+    assert eagle3["backend"] == "vllm" and eagle3["compared_with"]["kind"] == "model"
+    assert eagle3["after"]["differs_from_output"] == 0 and eagle3["after"]["all"]["rows"] > 0
+
+    for kind, draft in (("model", tmp_path / "draft"), ("eagle3", tmp_path / "eagle3")):
+        nxt = tmp_path / f"next-{kind}"
+        again = load_spec(DEMO_JOB, [f"input.path={tmp_path / 'in'}", f"output.path={nxt}",
+                                     f"model.target={ROOT / 'models/legal-target'}", f"model.draft.path={draft}",
+                                     f"model.draft.kind={kind}", "generation.max_new_tokens=48", "model.backend=vllm",
+                                     "speculation.mode=on"])
+        assert submit(again).ok
+        store = OutputStore(str(nxt))
+        rows = [r for s in SHARDS for r in sorted(store.read_part(s).to_pylist(), key=lambda r: r["row_index"])]
+        assert [r["completion"] for r in rows] == hf_reference[1], kind
+        assert all(r["spec_enabled"] and r["draft_model"] == str(draft) for r in rows)

@@ -52,6 +52,7 @@ class Options:
     min_gain: float = 0.02
     max_group_loss: float = 0.02
     storage_options: dict = field(default_factory=dict)  # for outputs on s3:// (an endpoint, credentials)
+    workers: int = 1  # Ray Train workers (model kind); 1: this process
 
 
 @dataclass
@@ -173,6 +174,8 @@ def _train(o: Options, spec, target: str, start: str | None, tok, train_ex, held
     epochs, lr = (o.epochs if o.epochs is not None else DEFAULTS[o.kind][0]), (o.lr or DEFAULTS[o.kind][1])
     out.mkdir(parents=True, exist_ok=True)
     if o.kind == "eagle3":
+        if o.workers > 1:
+            raise DistillError("eagle3 trains in this process for now; --workers applies to the model kind")
         from ..engine.learned import save_eagle3
         from .eagle3 import fine_tune_eagle3
 
@@ -182,7 +185,7 @@ def _train(o: Options, spec, target: str, start: str | None, tok, train_ex, held
     from .train import fine_tune
 
     assert start is not None
-    model, trained = fine_tune(start, tok, train_ex, held_ex, k, epochs, lr, o.batch, o.seed, log)
+    model, trained = fine_tune(start, tok, train_ex, held_ex, k, epochs, lr, o.batch, o.seed, log, o.workers)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return trained

@@ -97,41 +97,95 @@ def replayed(model, exs: list[Example], k: int, pad: int, batch: int = 16) -> di
 
 
 def fine_tune(start: str, tokenizer, train: list[Example], held: list[Example], k: int, epochs: int = 3,
-              lr: float = 3e-4, batch: int = 16, seed: int = 0, log=print) -> tuple[Any, dict[str, Any]]:
-    """(the draft of the best epoch by held-out replayed acceptance length, what training did)."""
+              lr: float = 3e-4, batch: int = 16, seed: int = 0, log=print, workers: int = 1) -> tuple[Any, dict[str, Any]]:
+    """(the draft of the best epoch by held-out replayed acceptance length, what training did).
+    workers > 1: data-parallel on Ray Train (TorchTrainer, DDP; gloo on CPU), batches dealt
+    over the workers, so each step's gradient is the average over workers * batch rows."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    config = {"start": start, "train": train, "held": held, "k": k, "epochs": epochs, "lr": lr, "batch": batch,
+              "seed": seed, "pad": pad}
+    if workers > 1:
+        return _on_ray(config, workers, log)
+    return _fit(config, 0, 1, lambda m: m, log)
+
+
+def _fit(c: dict[str, Any], rank: int, world: int, wrap, log) -> tuple[Any, dict[str, Any]]:
+    """The training loop of one worker of `world` (rank 0 checks the held-out rows and keeps the best epoch)."""
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    order = [e for e in train for _ in range(e.repeats)]
-    steps = epochs * math.ceil(len(order) / batch)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    torch.manual_seed(c["seed"])
+    model = AutoModelForCausalLM.from_pretrained(c["start"], dtype=torch.float32)
+    trained = wrap(model)
+    order = [e for e in c["train"] for _ in range(e.repeats)]
+    per_epoch = max(1, math.ceil(len(order) / c["batch"]) // world)  # the same count on every worker
+    steps = c["epochs"] * per_epoch
+    opt = torch.optim.AdamW(trained.parameters(), lr=c["lr"], betas=(0.9, 0.95), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, steps // 20)) *
                                               (0.1 + 0.45 * (1 + math.cos(math.pi * s / max(1, steps)))))
-    t0, rng = time.perf_counter(), random.Random(seed)
-    epochs_seen = [{"epoch": 0, "loss": None, **replayed(model, held, k, pad)}]
+    t0, rng = time.perf_counter(), random.Random(c["seed"])  # one seed: every worker shuffles alike
+    epochs_seen = [{"epoch": 0, "loss": None, **(replayed(model, c["held"], c["k"], c["pad"]) if rank == 0 else {})}]
     best, best_state = epochs_seen[0], None
-    for epoch in range(1, epochs + 1):
+    for epoch in range(1, c["epochs"] + 1):
         rng.shuffle(order)
         losses = []
-        for b in range(0, len(order), batch):
-            ids, mask, labels = _batch(order[b: b + batch], pad)
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        for i in range(per_epoch):
+            b = (i * world + rank) * c["batch"] % max(1, len(order))
+            ids, mask, labels = _batch(order[b: b + c["batch"]], c["pad"])
+            loss = trained(input_ids=ids, attention_mask=mask, labels=labels).loss
             opt.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(trained.parameters(), 1.0)
             opt.step()
             sched.step()
             losses.append(loss.item())
-        seen = {"epoch": epoch, "loss": sum(losses) / len(losses), **replayed(model, held, k, pad)}
+        if rank:
+            continue
+        seen = {"epoch": epoch, "loss": sum(losses) / len(losses), **replayed(model, c["held"], c["k"], c["pad"])}
         epochs_seen.append(seen)
-        log(f"epoch {epoch}/{epochs}: loss {seen['loss']:.3f}, held-out replayed acceptance length "
+        log(f"epoch {epoch}/{c['epochs']}: loss {seen['loss']:.3f}, held-out replayed acceptance length "
             f"{seen['mean_acceptance_length'] or 0:.2f}")
         if (seen["mean_acceptance_length"] or 0) > (best["mean_acceptance_length"] or 0):
             best, best_state = seen, copy.deepcopy(model.state_dict())
     if best_state is not None:
         model.load_state_dict(best_state)
     return model, {"steps": steps, "train_s": round(time.perf_counter() - t0, 2), "epochs": epochs_seen,
-                   "kept_epoch": best["epoch"], "lr": lr, "batch": batch, "seed": seed,
-                   "train_rows": len(train), "rows_seen_twice": sum(e.repeats > 1 for e in train)}
+                   "kept_epoch": best["epoch"], "lr": c["lr"], "batch": c["batch"], "seed": c["seed"], "workers": world,
+                   "train_rows": len(c["train"]), "rows_seen_twice": sum(e.repeats > 1 for e in c["train"])}
+
+
+def _worker(config: dict[str, Any]) -> None:
+    """One Ray Train worker: DDP over gloo (prepare_model); rank 0 reports the best epoch's draft."""
+    import tempfile
+
+    import ray.train
+    from ray.train.torch import prepare_model
+
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    model, record = _fit(config, rank, ctx.get_world_size(), prepare_model, lambda line: None)
+    if rank:
+        ray.train.report({})
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        ray.train.report({"record": record}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+
+
+def _on_ray(config: dict[str, Any], workers: int, log) -> tuple[Any, dict[str, Any]]:
+    import tempfile
+
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from transformers import AutoModelForCausalLM
+
+    log(f"distill: training on {workers} Ray Train workers (DDP, gloo on CPU)")
+    with tempfile.TemporaryDirectory(prefix="batchspec-distill-") as storage:
+        trainer = TorchTrainer(_worker, train_loop_config=config,
+                               scaling_config=ScalingConfig(num_workers=workers, use_gpu=False),
+                               run_config=RunConfig(name="distill", storage_path=storage))
+        result = trainer.fit()
+        assert result.checkpoint is not None
+        with result.checkpoint.as_directory() as folder:
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert result.metrics is not None
+    return model, result.metrics["record"]
