@@ -214,3 +214,33 @@ def test_distill_trains_on_two_ray_train_workers(night, ray_session, tmp_path):
     assert training["steps"] == 2 * (-(-rows_per_epoch // 16) // 2)  # epochs x (batches of 16, dealt over 2)
     assert (tmp_path / "ddp" / "config.json").exists() and record["after"]["differs_from_output"] == 0
     assert record["after"]["all"]["mean_acceptance_length"] > record["before"]["all"]["mean_acceptance_length"]
+
+
+def test_distill_reads_an_output_and_its_input_on_s3(models_dir, ray_session, s3, tmp_path):
+    """job.json masks the credentials it was run with; distill reads the input again with the
+    options it is given (and the environment's), not with '***'."""
+    from conftest import s3_writer, write_prompt_shards
+
+    from batchspec import api
+    from batchspec.runner.job import submit
+
+    opts, fs, bucket = s3
+    write_prompt_shards(s3_writer(fs, f"{bucket}/in"), 2, 20)
+    job = _job(models_dir, tmp_path, "s3", str(models_dir / "llama-other"))
+    job["input"].update(path=f"{bucket}/in/", storage_options=opts)
+    job["output"].update(path=f"{bucket}/out", storage_options=opts)
+    assert submit(spec_from_dict(job)).ok
+    result = api.distill(f"{bucket}/out", tmp_path / "from-s3", storage_options=opts, held_out=0.25, epochs=1,
+                         min_gain=-1.0, max_group_loss=1.0)
+    rows = result.record["rows"]
+    assert rows["trained"] + rows["held_out"] == 40 and rows["left_out"] == {}
+    assert result.record["after"]["differs_from_output"] == 0
+    # moto takes any credentials, so what reaches S3 is checked here: the given ones, never '***'.
+    from batchspec.runner.store import OutputStore
+    from batchspec.spec import JobSpec
+    from batchspec.training.rows import unmasked
+
+    recorded = JobSpec.model_validate(OutputStore(f"{bucket}/out", opts).read_job()["spec"])
+    assert recorded.input.storage_options["secret"] == "***"
+    assert unmasked(recorded, opts).input.storage_options == opts
+    assert unmasked(recorded, {}).input.storage_options == {"endpoint_url": opts["endpoint_url"]}

@@ -75,7 +75,7 @@ def distill(outputs: list[str], out: str | Path, options: Options | None = None,
     from ..reports.output import load
     from ..runner.checkpoints import local_checkpoints
     from ..spec import JobSpec
-    from .rows import Row, committed_rows
+    from .rows import Row, committed_rows, unmasked
 
     o = options or Options()
     if o.kind not in KINDS:
@@ -83,7 +83,7 @@ def distill(outputs: list[str], out: str | Path, options: Options | None = None,
     if not outputs:
         raise DistillError("name at least one output to learn from")
     t0 = time.perf_counter()
-    spec = JobSpec.model_validate(load(outputs[0], o.storage_options)[1]["spec"])
+    spec = unmasked(JobSpec.model_validate(load(outputs[0], o.storage_options)[1]["spec"]), o.storage_options)
     local = local_checkpoints(spec.model)
     target = local.get(spec.model.target, spec.model.target)
     tok = AutoTokenizer.from_pretrained(target, trust_remote_code=spec.model.trust_remote_code)

@@ -53,11 +53,23 @@ def group_of(path: str, root: str, by: str, shard: str) -> str:
     return shard if by == "shard" else input_group(path, root)
 
 
+def unmasked(spec: JobSpec, given: dict) -> JobSpec:
+    """The recorded spec with usable storage options: job.json masks every value but the endpoint,
+    region and the like ("***"), so those are dropped (the environment's credentials apply) and the
+    options given here (--storage-option) override, for the input and the models as for the output."""
+    def merged(recorded: dict) -> dict:
+        return {**{k: v for k, v in recorded.items() if v != "***"}, **given}
+
+    return spec.model_copy(update={
+        "input": spec.input.model_copy(update={"storage_options": merged(spec.input.storage_options)}),
+        "model": spec.model.model_copy(update={"storage_options": merged(spec.model.storage_options)})})
+
+
 def committed_rows(output: str, tokenizer, group_by: str = "dir",
                    storage_options: dict | None = None) -> tuple[JobSpec, list[Row], Counter[str]]:
     """(the output's job spec, its committed rows paired with their prompts, what was left out)."""
     store, job, done, _ = load(output, storage_options)
-    spec = JobSpec.model_validate(job["spec"])
+    spec = unmasked(JobSpec.model_validate(job["spec"]), storage_options or {})
     rows: list[Row] = []
     left: Counter[str] = Counter()
     for name, m in sorted(done.items()):
