@@ -80,10 +80,14 @@ def distill(outputs: list[str], out: str | Path, options: Options | None = None,
     o = options or Options()
     if o.kind not in KINDS:
         raise DistillError(f"draft kind {o.kind!r} cannot be distilled yet; kinds: {', '.join(KINDS)}")
+    if o.kind == "eagle3" and o.workers > 1:
+        raise DistillError("eagle3 trains in this process for now; --workers applies to the model kind")
     if not outputs:
         raise DistillError("name at least one output to learn from")
     t0 = time.perf_counter()
-    spec = unmasked(JobSpec.model_validate(load(outputs[0], o.storage_options)[1]["spec"]), o.storage_options)
+    job = load(outputs[0], o.storage_options)[1]
+    spec = unmasked(JobSpec.model_validate(job["spec"]), o.storage_options)
+    ran_on = next((r["backend"] for r in reversed(job.get("runs") or []) if r.get("backend")), "hf")
     local = local_checkpoints(spec.model)
     target = local.get(spec.model.target, spec.model.target)
     tok = AutoTokenizer.from_pretrained(target, trust_remote_code=spec.model.trust_remote_code)
@@ -105,16 +109,8 @@ def distill(outputs: list[str], out: str | Path, options: Options | None = None,
     base = (o.kind, o.start) if o.start else (job_draft.kind, job_draft.path)
     if base[0] == "none":
         raise DistillError("the job has no draft to compare the new one with: give one with --from")
-    return _train_and_check(spec, rows, left, tok, local, (start, base), Path(out), o,
-                            o.backend or _backend_of(outputs[0], o.storage_options), checkpoint_fingerprint(target),
-                            outputs, t0, log)
-
-
-def _backend_of(output: str, storage_options: dict) -> str:
-    from ..reports.output import load
-
-    runs = load(output, storage_options)[1].get("runs") or []
-    return next((r["backend"] for r in reversed(runs) if r.get("backend")), "hf")
+    return _train_and_check(spec, rows, left, tok, local, (start, base), Path(out), o, o.backend or ran_on,
+                            checkpoint_fingerprint(target), outputs, t0, log)
 
 
 def _split(rows: list[tuple[Any, bool]], o: Options) -> tuple[list[Any], list[Any], int]:
@@ -144,14 +140,15 @@ def _train_and_check(spec, rows, left, tok, local, drafts, out: Path, o: Options
         raise DistillError(f"{len(train)} rows to learn from and {len(held)} to check on: too few (committed rows "
                            f"left out: {dict(left) or 'none'}); give more output or a larger --held-out")
     target = local.get(spec.model.target, spec.model.target)
-    max_len = _context(start if o.kind == "model" and start else target)
+    start_dir = local.get(start, start) if start else None  # an s3:// draft: the copy local_checkpoints made
+    max_len = _context(start_dir if o.kind == "model" and start_dir else target)
     train_ex, train_rows, too_long = examples(tok, train, max_len)
     held_ex, _, _ = examples(tok, held, max_len)
     oversample(train_rows, train_ex, o.oversample_low)
     log(f"distill: {len(train_ex)} rows to learn from ({replayed} replayed), {len(held)} held out, "
         f"{sum(left.values())} committed rows left out {dict(left)}; {o.kind} draft starting from {start or 'new'}")
     k = spec.speculation.num_speculative_tokens
-    trained = _train(o, spec, target, start, tok, train_ex, held_ex, k, out, log)
+    trained = _train(o, spec, target, start_dir, tok, train_ex, held_ex, k, out, log)
     log(f"distill: checking the draft before and after on {len(held)} held-out rows ({backend} engine, k={k})")
     before = measure(spec, backend, base[0], base[1], held, local)
     after = measure(spec, backend, o.kind, str(out), held, local)
@@ -174,8 +171,6 @@ def _train(o: Options, spec, target: str, start: str | None, tok, train_ex, held
     epochs, lr = (o.epochs if o.epochs is not None else DEFAULTS[o.kind][0]), (o.lr or DEFAULTS[o.kind][1])
     out.mkdir(parents=True, exist_ok=True)
     if o.kind == "eagle3":
-        if o.workers > 1:
-            raise DistillError("eagle3 trains in this process for now; --workers applies to the model kind")
         from ..engine.learned import save_eagle3
         from .eagle3 import fine_tune_eagle3
 
