@@ -103,10 +103,9 @@ def checkpoint_fingerprint(source: str) -> str | None:
     return f"{'sha256' if full else 'shape'}:{digest.hexdigest()[:16]}"
 
 
-def distilled_draft_problem(draft: str, target: str) -> str | None:
-    """Why a draft made by `batchspec distill` must not serve this target: it failed its held-out
-    check, or it was distilled for another target (the fingerprints of distill.json and of the
-    target differ). None for any other draft, and where either checkpoint is not on this machine."""
+def distill_record(draft: str) -> dict | ValueError | None:
+    """The distill.json of a draft made by `batchspec distill` (the error when it cannot be read);
+    None for any other draft, or one whose files are not on this machine."""
     import json
 
     folder = local_checkpoint_dir(draft)
@@ -114,9 +113,20 @@ def distilled_draft_problem(draft: str, target: str) -> str | None:
     if record_file is None or not record_file.is_file():
         return None
     try:
-        record = json.loads(record_file.read_text())
+        return json.loads(record_file.read_text())
     except ValueError as e:
-        return f"draft {draft}: distill.json cannot be read ({e})"
+        return e
+
+
+def distilled_draft_problem(draft: str, target: str) -> str | None:
+    """Why a draft made by `batchspec distill` must not serve this target: it failed its held-out
+    check, or it was distilled for another target (the fingerprints of distill.json and of the
+    target differ). None for any other draft, and where either checkpoint is not on this machine."""
+    record = distill_record(draft)
+    if record is None:
+        return None
+    if isinstance(record, ValueError):
+        return f"draft {draft}: distill.json cannot be read ({record})"
     if not record.get("passed"):
         why = "; ".join(record.get("reasons") or []) or "no verdict recorded"
         return f"draft {draft} failed its held-out check when distilled ({why}); distill again, or start from it with --from"
@@ -130,16 +140,9 @@ def distilled_draft_problem(draft: str, target: str) -> str | None:
 def draft_identity(kind: str, path: str | None) -> dict:
     """What a run records of its draft (job.json runs[].draft): kind, path, the checkpoint's
     fingerprint, and for a draft made by `batchspec distill` what it learned from."""
-    import json
-
     out: dict = {"kind": kind, "path": path, "fingerprint": checkpoint_fingerprint(path) if path else None}
-    folder = local_checkpoint_dir(path) if path else None
-    record_file = folder / "distill.json" if folder is not None else None
-    if record_file is not None and record_file.is_file():
-        try:
-            record = json.loads(record_file.read_text())
-        except ValueError:
-            return out
+    record = distill_record(path) if path else None
+    if isinstance(record, dict):
         out["distilled"] = {"outputs": record.get("outputs"), "replay": record.get("replay"),
                             "started_from": record.get("started_from"), "passed": record.get("passed"),
                             "target_fingerprint": record.get("target_fingerprint"),
