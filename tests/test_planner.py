@@ -22,6 +22,7 @@ from batchspec.policy import (
     expected_tokens,
     own_acceptance,
     ratio_interval,
+    tokens_per_step_interval,
 )
 
 
@@ -234,11 +235,11 @@ def test_with_a_plain_engine_apart_a_look_runs_rows_plain_until_the_plain_line_r
     assert plan.needs_plain_look(16)  # beyond the row counts timed
 
 
-def test_remembered_steps_join_the_runs_own_and_a_remembered_run_still_times_the_plain_arm():
+def test_remembered_steps_join_the_runs_own_and_spare_a_remembered_run_the_plain_look():
     """What a first run's calls timed (its clean steps per arm and prompt costs) starts the next
     run's planner (runner/memory.py): its step lines rest on them, joined by its own steps, so the
-    step ratio's interval is as narrow as the steps allow; its look still runs rows plain, so both
-    arms hold steps of this run, not only the arm at k."""
+    step ratio's interval is as narrow as the steps allow; where the remembered plain steps reach a
+    call's concurrency its look runs no rows plain (issue 58), beyond it it still does."""
     first = _two_engine_plan([0.020, 0.040] * 4)
     look, rule = first.look(8, 1)
     for rows in range(8, 0, -1):  # a later call: more steps at k
@@ -248,7 +249,8 @@ def test_remembered_steps_join_the_runs_own_and_a_remembered_run_still_times_the
     again.separate_plain = True
     assert again.needs_plain_look(8) and again.steps.lines() == (None, None)
     again.start_from(first.steps.costs_by_batch, None, [], "job night-1 at t", first.steps.points, first.steps.prefill_row_token_s)
-    assert again.needs_plain_look(8)  # remembered plain steps do not stop this run's plain look
+    assert not again.needs_plain_look(8)  # remembered plain steps at 8 rows: no plain look at 8
+    assert again.needs_plain_look(16)  # ... but at 16, beyond what they timed
     assert again.steps.lines() == first.steps.lines() and again.steps.costs_at(8) == first.steps.costs_at(8)
     _, low, high = ratio_interval(*again.steps.lines(), 8)
     look, rule = again.look(8, 1)
@@ -408,3 +410,19 @@ def test_a_shards_saving_against_plain_counts_all_its_time_once_a_plain_call_was
     assert saved.low <= saved.seconds <= saved.high and "x1.100" in saved.basis and "look" in saved.basis
     assert "widened" not in saved.basis  # a plain call of the shape: no call at k stands in
     assert plan.steps.saving_against_plain(rows, 5.0).seconds < 0  # rows that took longer than plain: a cost
+
+
+def test_a_shards_first_look_rows_settle_it_only_where_both_intervals_agree():
+    """The look's first rows of a shard (runner/look.py) settle its decision when speculation loses
+    even at the high end of their tokens per step's interval and the fast end of the step
+    ratio's, or pays at both low ends; otherwise the shard's look takes more of its rows."""
+    plan = _two_engine_plan([0.030] * 8)  # a step at k costs 3 plain steps
+    assert plan.settles(Shard([20] * 8), [(1, 4), (2, 4), (1, 5), (0, 4)], 8)  # ~1.2 tokens a step: loses
+    assert plan.settles(Shard([20] * 8), [(39, 10), (38, 10), (40, 10), (39, 10)], 8)  # ~4.9: pays
+    assert not plan.settles(Shard([20] * 8), [(20, 10), (21, 10), (19, 10), (20, 10)], 8)  # ~3.0: break-even
+    assert not plan.settles(Shard([20] * 8), [(1, 10), (40, 10), (2, 10), (39, 10)], 8)  # rows disagree
+    assert not plan.settles(Shard([20] * 8), [(39, 10)], 8)  # one row gives no interval
+    assert not _two_engine_plan([0.020, 0.040] * 4).settles(Shard([20] * 8), [(20, 10)] * 4, 8)
+    assert not planner(costs_known=False, measure_in_call=True).settles(Shard([20] * 8), [(39, 10)] * 4, 8)
+    low, high = tokens_per_step_interval([(1, 10), (40, 10), (2, 10), (39, 10)], 4)
+    assert 1.0 <= low < 3.05 < high <= 5.0

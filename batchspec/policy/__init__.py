@@ -8,9 +8,9 @@ from .decision import Decision, DecisionKind, Figures
 from .interleaved import InterleavedSteps, PromptPrices, StepLine, ratio_interval
 from .measured import Saving, StepCosts, streams
 from .model import Acceptance, Costs, LengthProfile, Policy, acceptance_for, decode_speedup, expected_tokens
-from .planner import ActorPolicy, own_acceptance
+from .planner import ActorPolicy, own_acceptance, tokens_per_step_interval
 from .steps import CostModelK
 
 __all__ = ["Acceptance", "ActorPolicy", "CostModelK", "Costs", "Decision", "DecisionKind", "Figures",
-           "LengthProfile", "InterleavedSteps", "Policy", "PromptPrices", "StepLine", "acceptance_for", "decode_speedup", "expected_tokens", "own_acceptance",
+           "LengthProfile", "InterleavedSteps", "Policy", "PromptPrices", "StepLine", "acceptance_for", "decode_speedup", "expected_tokens", "own_acceptance", "tokens_per_step_interval",
            "ratio_interval", "Saving", "StepCosts", "streams"]

@@ -58,6 +58,7 @@ class StepCosts:
         # and what a prompt token costs (target, draft): from the steps that ran prompts, else a fill.
         self.points: dict[int, list[tuple[float, float]]] = {}
         self.run_plain = (0, 0.0)  # this run's own clean plain steps: how many, the most rows (needs_plain_look)
+        self.kept_plain = (0, 0.0)  # ... and an earlier run's on this node, remembered (start_from)
         self.prefill_row_token_s: tuple[float, float] | None = None
         self.prompts = PromptPrices()  # ... from the steps that ran prompts, where the engine counts their tokens
         self._fitted: tuple[StepLine | None, StepLine | None] | None = None
@@ -70,6 +71,8 @@ class StepCosts:
         """Start from what an earlier run measured on this node; this run's steps join them."""
         self.costs_by_batch.update(costs)
         self.points.update({k: list(kept)[-KEEP_POINTS:] for k, kept in (points or {}).items()})
+        plain = self.points.get(0, [])
+        self.kept_plain = (len(plain), max((r for r, _ in plain), default=0.0))
         self.prefill_row_token_s = prefill_row_token_s or self.prefill_row_token_s
         self._fitted = None
 
@@ -93,14 +96,15 @@ class StepCosts:
         near = [b for b in self.costs_by_batch if concurrency / 2 <= b <= concurrency * 2]
         return self.costs_by_batch[min(near, key=lambda b: abs(b - concurrency))] if near else None
 
-    def cautious(self, costs: Costs | None, concurrency: int) -> Costs | None:
-        """The costs with a step at k at the upper end of the step ratio's 95% interval (None
-        without step lines)."""
+    def cautious(self, costs: Costs | None, concurrency: int, slow: bool = True) -> Costs | None:
+        """The costs with a step at k at the upper end of the step ratio's 95% interval (slow=False:
+        its lower end); None without step lines."""
         spec, plain = self.lines()
         if costs is None or spec is None or plain is None:
             return None
-        _, _, high = ratio_interval(spec, plain, concurrency)
-        return Costs.from_steps(costs.batch_size, {0: costs.target_step_s, self.k: costs.target_step_s * high},
+        _, low, high = ratio_interval(spec, plain, concurrency)
+        ratio = high if slow else low
+        return Costs.from_steps(costs.batch_size, {0: costs.target_step_s, self.k: costs.target_step_s * ratio},
                                 costs.prefill_token_s, costs.draft_prefill_token_s)
 
     def cost_figures(self, concurrency: int) -> dict[str, Any]:

@@ -18,12 +18,13 @@ from typing import Protocol
 from ..engine.api import AdaptiveK, DraftLength, FixedK
 from .decision import Decision, Figures
 from .decision import DecisionKind as Kind
-from .interleaved import InterleavedSteps
+from .interleaved import InterleavedSteps, t95
 from .measured import StepCosts
 from .model import Acceptance, Costs, LengthProfile, Policy, acceptance_for
 from .steps import CostModelK
 
 LOOK_LEAST = 8  # rows of a shard its look takes at least (all of a smaller shard)
+LOOK_FIRST = 4  # rows of a shard its look takes first; the rest of its look only where these do not settle it
 PLAIN_LINE_STEPS = 8  # clean plain steps a plain engine's line needs before looks stop timing it
 
 
@@ -53,6 +54,21 @@ def own_acceptance(rows: Sequence[tuple[int, int]], k: int) -> tuple[float | Non
         return None, None
     per_step = (sum(a for a, _ in rows) + steps) / steps
     return acceptance_for(per_step, k), round(per_step, 3)
+
+
+def tokens_per_step_interval(rows: Sequence[tuple[int, int]], k: int) -> tuple[float, float] | None:
+    """The 95% interval of a shard's tokens per verify step from its rows' (accepted tokens, verify
+    steps), each row one observation (a ratio estimator over rows: a row's steps are not
+    independent trials); None with fewer than 2 rows that ran a step."""
+    rows = [(a, n) for a, n in rows if n > 0]
+    if len(rows) < 2:
+        return None
+    steps = sum(n for _, n in rows)
+    per_step = (sum(a for a, _ in rows) + steps) / steps
+    mean_steps = steps / len(rows)
+    spread = sum((a + n - per_step * n) ** 2 for a, n in rows) / (len(rows) - 1)
+    half = t95(len(rows) - 1) * math.sqrt(spread / len(rows)) / mean_steps
+    return max(1.0, per_step - half), min(k + 1.0, per_step + half)
 
 
 class ActorPolicy:
@@ -125,27 +141,49 @@ class ActorPolicy:
                     sizes[i] += 1
         return sizes
 
-    def look(self, rows: int, shards: int) -> tuple[Decision, InterleavedSteps]:
+    def look(self, rows: int, shards: int, more: bool = False) -> tuple[Decision, InterleavedSteps]:
         """The decision a look's rows run under, and its step rule: at k, never stopped (the look is
         there to measure); on one engine with plain blocks between its steps (InterleavedSteps)
-        timing both arms at every row count it drains through, on two only the steps at k."""
+        timing both arms at every row count it drains through, on two only the steps at k. more:
+        the look's second stage, over the shards its first rows did not settle (runner/look.py)."""
         k = self.policy.k_default
         timing = (" and time a speculative step" if self.separate_plain
                   else ", with plain blocks between their steps timing what a step costs")
-        d = Decision(Kind.LOOK, True, k, f"{rows} rows of this call's {shards} shards run at k={k} to measure each "
-                     f"shard's own acceptance{timing}", figures=Figures(rows=rows, k=k))
+        which = (f"{rows} more rows of the {shards} shards whose first look rows left their decision open" if more
+                 else f"{rows} rows of this call's {shards} shards")
+        d = Decision(Kind.LOOK, True, k, f"{which} run at k={k} to measure each shard's own acceptance{timing}",
+                     figures=Figures(rows=rows, k=k))
         if self.separate_plain:
             return d, InterleavedSteps(k, interleave=False)
         return d, InterleavedSteps(k, dense=True, guard=False)
 
     def needs_plain_look(self, concurrency: int) -> bool:
-        """With a plain engine apart: whether a call's look runs rows plain too, until this run's own
-        plain steps reach its concurrency (remembered ones, timed on another night beside this run's
-        at k, moved a remembered run's predictions 5-20%: docs/policy.md)."""
+        """With a plain engine apart: whether a call's look runs rows plain too, until the plain
+        steps this run timed, or an earlier run on this node (remembered), reach its concurrency."""
         if not self.separate_plain:
             return False
-        steps, most_rows = self.steps.run_plain
-        return steps < PLAIN_LINE_STEPS or most_rows < 0.9 * concurrency
+        return not any(steps >= PLAIN_LINE_STEPS and most_rows >= 0.9 * concurrency
+                       for steps, most_rows in (self.steps.run_plain, self.steps.kept_plain))
+
+    def settles(self, shard: ShardProgress, rows: Sequence[tuple[int, int]], concurrency: int,
+                new_tokens: float | None = None) -> bool:
+        """Whether a shard's first look rows, their (accepted tokens, verify steps), settle its
+        decision, so its look takes no more of its rows: speculation loses (< 1.00x) at the high
+        end of their tokens per step's 95% interval and the fast end of the step ratio's, or pays
+        (>= 1 + margin) at the low ends of both. Not without step lines at this concurrency."""
+        costs = self.steps.costs_at(concurrency)
+        k = self.policy.k_default
+        interval = tokens_per_step_interval(rows, k)
+        slow, fast = self.steps.cautious(costs, concurrency), self.steps.cautious(costs, concurrency, slow=False)
+        if interval is None or costs is None or slow is None or fast is None:
+            return False
+        profile = LengthProfile(shard.pending_prompt_lengths(), new_tokens or _profile(shard).expected_new_tokens)
+        if not profile.prompt_tokens:
+            return True
+        ks = tuple(sorted(costs.verify_s))
+        best = max(self.policy.predict(profile, acceptance_for(interval[1], k), j, fast) for j in ks)
+        worst = max(self.policy.predict(profile, acceptance_for(interval[0], k), j, slow) for j in ks)
+        return best < 1.0 or worst >= 1.0 + self.policy.margin
 
     def plain_look(self, rows: int, shards: int) -> tuple[Decision, InterleavedSteps]:
         """With a plain engine apart: the decision and step rule of the look's plain half (a wave of

@@ -25,8 +25,9 @@ from .memory import PolicyMemory
 from .plan import Shard
 from .read import ShardReadError, read_shard, tokenized_rows
 from .schema import OUTPUT_SCHEMA
+from .shares import measured_saving
 from .store import OutputStore, now_iso
-from .together import measured_saving, together
+from .together import together
 from .work import ShardWork
 
 log = logging.getLogger("batchspec.worker")
