@@ -424,5 +424,7 @@ def test_a_shards_first_look_rows_settle_it_only_where_both_intervals_agree():
     assert not plan.settles(Shard([20] * 8), [(39, 10)], 8)  # one row gives no interval
     assert not _two_engine_plan([0.020, 0.040] * 4).settles(Shard([20] * 8), [(20, 10)] * 4, 8)
     assert not planner(costs_known=False, measure_in_call=True).settles(Shard([20] * 8), [(39, 10)] * 4, 8)
+    assert plan.settles(Shard([20] * 8), [(39, 10)] * 4, 16)  # steps timed at 8 rows reach half of 16 ...
+    assert not plan.settles(Shard([20] * 8), [(39, 10)] * 4, 17)  # ... not beyond: the rest look further
     low, high = tokens_per_step_interval([(1, 10), (40, 10), (2, 10), (39, 10)], 4)
     assert 1.0 <= low < 3.05 < high <= 5.0

@@ -23,11 +23,15 @@ def passthrough_target(models_dir):
 def test_auto_mode_decides_per_shard(passthrough_target, ray_session, tmp_path):
     inp = tmp_path / "in"
     inp.mkdir()
-    # chat: short prompts, decode-dominated. docs: ~900-token prompts for 6 new tokens, prefill-dominated.
+    # chat: short prompts, decode-dominated. docs: ~900-token prompts for 6 new tokens, prefill-dominated,
+    # one micro-batch of 4 rows: one decision, from the costs calibrated at load. On this tiny target
+    # that decision predicts ~1.01x at acceptance 1.0, near the 1.05x bar; with a second micro-batch,
+    # costs refreshed from the chat shard's rounds once read 1.05x under the full suite's load and
+    # turned it on (a re-decision the policy is built to make, not what this test is about).
     pq.write_table(pa.table({"prompt": [f"lease {i} rent" for i in range(8)], "doc_id": [f"c{i}" for i in range(8)]}),
                    inp / "chat-0000.parquet")
     long_doc = " ".join(["the tenant shall pay rent monthly under the lease"] * 50)
-    pq.write_table(pa.table({"prompt": [f"{i} {long_doc}" for i in range(8)], "doc_id": [f"d{i}" for i in range(8)]}),
+    pq.write_table(pa.table({"prompt": [f"{i} {long_doc}" for i in range(4)], "doc_id": [f"d{i}" for i in range(4)]}),
                    inp / "docs-0000.parquet")
     spec = spec_from_dict({
         "name": "auto", "input": {"path": str(inp), "id_column": "doc_id"}, "output": {"path": str(tmp_path / "out")},

@@ -170,12 +170,17 @@ class ActorPolicy:
         """Whether a shard's first look rows, their (accepted tokens, verify steps), settle its
         decision, so its look takes no more of its rows: speculation loses (< 1.00x) at the high
         end of their tokens per step's 95% interval and the fast end of the step ratio's, or pays
-        (>= 1 + margin) at the low ends of both. Not without step lines at this concurrency."""
+        (>= 1 + margin) at the low ends of both. Not without step lines that reach half this
+        concurrency: a first run's first look rows time steps at k at a few rows a shard, and a
+        line from 24 rows put the step ratio at 256 at 4.6 where 43 rows a shard timed it near 3
+        (bench_nightly.py, 2026-12-08), outside its own interval."""
         costs = self.steps.costs_at(concurrency)
         k = self.policy.k_default
         interval = tokens_per_step_interval(rows, k)
         slow, fast = self.steps.cautious(costs, concurrency), self.steps.cautious(costs, concurrency, slow=False)
         if interval is None or costs is None or slow is None or fast is None:
+            return False
+        if any(line is None or line.high_rows < 0.5 * concurrency for line in self.steps.lines()):
             return False
         profile = LengthProfile(shard.pending_prompt_lengths(), new_tokens or _profile(shard).expected_new_tokens)
         if not profile.prompt_tokens:
