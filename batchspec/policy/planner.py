@@ -171,9 +171,9 @@ class ActorPolicy:
         decision, so its look takes no more of its rows: speculation loses (< 1.00x) at the high
         end of their tokens per step's 95% interval and the fast end of the step ratio's, or pays
         (>= 1 + margin) at the low ends of both. Not without step lines that reach half this
-        concurrency: a first run's first look rows time steps at k at a few rows a shard, and a
-        line from 24 rows put the step ratio at 256 at 4.6 where 43 rows a shard timed it near 3
-        (bench_nightly.py, 2026-12-08), outside its own interval."""
+        concurrency: a first run's first look rows time steps at k at a few rows a shard, and on
+        the nightly job a line from 24 rows put the step ratio at 256 at 4.6 (95% interval
+        4.1-5.2); with a second stage of 165 rows in it, 2.3 (docs/benchmarks.md)."""
         costs = self.steps.costs_at(concurrency)
         k = self.policy.k_default
         interval = tokens_per_step_interval(rows, k)
