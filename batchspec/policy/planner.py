@@ -46,13 +46,19 @@ def _profile(shard: ShardProgress) -> LengthProfile:
     return shard.profile
 
 
+def _tokens_per_step(rows: Sequence[tuple[int, int]]) -> float | None:
+    """Tokens per verify step over rows' (accepted tokens, verify steps): each step emits its
+    accepted drafts and the target's own token. None where no row ran a step."""
+    steps = sum(n for _, n in rows)
+    return (sum(a for a, _ in rows) + steps) / steps if steps else None
+
+
 def own_acceptance(rows: Sequence[tuple[int, int]], k: int) -> tuple[float | None, float | None]:
     """(per-token acceptance, tokens per verify step) of a shard from its rows' (accepted tokens,
     verify steps): what its own rows delivered, as the cost model counts it (acceptance_for)."""
-    steps = sum(n for _, n in rows)
-    if steps == 0:
+    per_step = _tokens_per_step(rows)
+    if per_step is None:
         return None, None
-    per_step = (sum(a for a, _ in rows) + steps) / steps
     return acceptance_for(per_step, k), round(per_step, 3)
 
 
@@ -61,11 +67,10 @@ def tokens_per_step_interval(rows: Sequence[tuple[int, int]], k: int) -> tuple[f
     steps), each row one observation (a ratio estimator over rows: a row's steps are not
     independent trials); None with fewer than 2 rows that ran a step."""
     rows = [(a, n) for a, n in rows if n > 0]
-    if len(rows) < 2:
+    per_step = _tokens_per_step(rows)
+    if len(rows) < 2 or per_step is None:
         return None
-    steps = sum(n for _, n in rows)
-    per_step = (sum(a for a, _ in rows) + steps) / steps
-    mean_steps = steps / len(rows)
+    mean_steps = sum(n for _, n in rows) / len(rows)
     spread = sum((a + n - per_step * n) ** 2 for a, n in rows) / (len(rows) - 1)
     half = t95(len(rows) - 1) * math.sqrt(spread / len(rows)) / mean_steps
     return max(1.0, per_step - half), min(k + 1.0, per_step + half)
