@@ -820,7 +820,11 @@ def test_a_call_of_more_rows_than_vllm_runs_at_once_looks_at_as_many_as_it_runs(
     assert calls[:2] == [(8, True), (248, True)] and sum(n for n, _ in calls[2:]) == 288 and len(calls) <= 4
     for m in manifests:
         assert [d["kind"] for d in m["decisions"][:2]] == ["look", "look"] and _own(m)["numbers"]["look_rows"] == 128
-    assert 256 in runner.planner.steps.costs_by_batch and len(runner.planner.steps.points[0]) >= 2
+    # Costs at 256 come from lines whose steps at k reach the call's concurrency (the look's second
+    # stage ran 248 rows at once; the key 256 itself is stored only where a later call ran at k).
+    spec_line, plain_line = runner.planner.steps.lines()
+    assert runner.planner.steps.costs_at(256) is not None and spec_line.high_rows >= 0.9 * 248
+    assert len(runner.planner.steps.points[0]) >= 2
     rows = _rows(runner, manifests)
     monkeypatch.undo()
     assert [r["completion"] for r in rows] == _plain_texts(vllm_backend, runner, spec, 48)
